@@ -1,0 +1,77 @@
+// flashattn — exact attention that moves less data.
+//
+//   O = softmax(scale · Q Kᵀ + mask) V
+//
+// Public API. No CUDA, SIMD or Python types appear here (design.md, "Layers").
+// Semantics (one definition for every backend) are in docs/semantics.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace flashattn {
+
+enum class DType { f32, f16, bf16 };
+enum class Device { cpu, cuda };
+// flash    = tiled, online softmax, S and P never leave on-chip memory.
+// standard = materialize S and P in main memory (the measured baseline).
+enum class Algorithm { flash, standard };
+
+// Non-owning view of a 4-d tensor. Shape is (batch, seqlen, heads, head_dim) for Q, K, V, O and
+// their gradients; (batch, heads, seqlen_q, 1) for the fp32 log-sum-exp. Strides are in elements
+// and the last dimension must be contiguous (stride 1).
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  std::array<int64_t, 4> shape{0, 0, 0, 0};
+  std::array<int64_t, 4> strides{0, 0, 0, 0};
+};
+
+// A densely packed (row-major) view of `data` with the given shape.
+Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4> shape,
+                   Device device = Device::cpu);
+
+struct Options {
+  float scale = 0;  // 0 -> 1/sqrt(head_dim)
+  bool causal = false;  // bottom-right aligned: query i sees keys j <= i + Nk - Nq
+  int window_left = -1, window_right = -1;  // sliding window, same alignment; -1 = unbounded
+  float softcap = 0;  // > 0: s -> softcap * tanh(s / softcap) before masking
+  // Variable length: int32 prefix sums with batch+1 entries (host memory for the CPU backend,
+  // device memory for CUDA). Tensors then have batch 1 and seqlen = total packed tokens.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  Algorithm algorithm = Algorithm::flash;
+  bool deterministic = false;  // bitwise-reproducible backward
+  void* stream = nullptr;      // cudaStream_t for Device::cuda
+};
+
+// out (B, Nq, H, d) = attention(q, k, v); lse (B, H, Nq, 1) fp32, may be null.
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const Tensor* lse, const Options& options = {});
+
+// Gradients of forward. `out` and `lse` are what forward returned for the same inputs.
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+              const Tensor& dv, const Options& options = {});
+
+// Every rejected argument raises Error; its message names the argument, what was expected and
+// what was given. Nothing is written when an Error is raised by argument checking.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+const char* to_string(DType dtype);
+const char* to_string(Device device);
+const char* to_string(Algorithm algorithm);
+size_t element_size(DType dtype);
+
+// Which backends this build holds and what they run on.
+bool cuda_available();  // built with CUDA and a device is present
+std::string build_info();
+
+}  // namespace flashattn

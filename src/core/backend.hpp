@@ -1,0 +1,20 @@
+// What each backend provides to src/core/dispatch.cpp. Arguments have been checked already.
+#pragma once
+
+#include "core/params.hpp"
+
+namespace flashattn::cpu {
+// Working precision, fp32 accumulation.
+void flash_forward(const detail::Params& p);
+void flash_backward(const detail::Params& p);
+void standard_forward(const detail::Params& p);
+void standard_backward(const detail::Params& p);
+}  // namespace flashattn::cpu
+
+namespace flashattn::cuda {
+bool available();                                 // built with CUDA and a device is present
+void check_device_pointers(const detail::Params& p, bool backward);  // throws Error
+void forward(const detail::Params& p);
+void backward(const detail::Params& p);
+std::string info();
+}  // namespace flashattn::cuda

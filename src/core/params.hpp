@@ -1,0 +1,94 @@
+// The checked, normalized form of one attention call that every backend receives.
+// Built once by src/core/dispatch.cpp after src/core/check.cpp has accepted the arguments;
+// all offsets are int64 and in elements.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::detail {
+
+// A (batch, seqlen, heads, head_dim) tensor with a contiguous last dimension.
+struct TensorRef {
+  void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+
+  // Element offset of (batch b, row i, head h, 0).
+  int64_t offset(int64_t b, int64_t i, int64_t h) const {
+    return b * batch_stride + i * row_stride + h * head_stride;
+  }
+};
+
+// The fp32 log-sum-exp, logically (batch, heads, seqlen_q).
+struct LseRef {
+  float* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+  int64_t offset(int64_t b, int64_t h, int64_t i) const {
+    return b * batch_stride + h * head_stride + i * row_stride;
+  }
+};
+
+struct Params {
+  DType dtype = DType::f32;  // of q, k, v, out, dout, dq, dk, dv (all the same)
+  Device device = Device::cpu;
+  Algorithm algorithm = Algorithm::flash;
+
+  // batch = number of sequences (cu_seqlens entries - 1 with varlen).
+  // seqlen_q/k = tensor rows: per sequence, or the packed total with varlen.
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0;
+  int64_t heads = 0, heads_kv = 0, head_dim = 0;
+
+  TensorRef q, k, v, out;
+  LseRef lse;                      // forward: may have data == nullptr (not requested)
+  TensorRef dout, dq, dk, dv;      // backward only
+
+  float scale = 0;                 // resolved: never 0
+  float softcap = 0;               // 0 = off
+  bool causal = false;
+  // Resolved window in keys relative to the bottom-right diagonal; -1 = unbounded.
+  // causal is folded in as window_right = 0.
+  int window_left = -1, window_right = -1;
+
+  // Varlen: both null or both set (host pointers for the CPU backend, device pointers for CUDA).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;  // per-sequence maxima (== seqlen_q/k without varlen)
+
+  bool deterministic = false;
+  void* stream = nullptr;
+
+  bool varlen() const { return cu_seqlens_q != nullptr; }
+  int64_t group_size() const { return heads / heads_kv; }  // query heads per KV head
+};
+
+// Where sequence b lives and how long it is. Valid on the host only (reads cu_seqlens).
+struct SeqSpan {
+  int64_t batch_index;     // batch coordinate for the tensors (0 with varlen)
+  int64_t q_start, k_start;  // first row in the tensors
+  int64_t q_len, k_len;
+};
+
+inline SeqSpan seq_span(const Params& p, int64_t b) {
+  if (!p.varlen()) return {b, 0, 0, p.seqlen_q, p.seqlen_k};
+  const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+  const int64_t k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+  return {0, q0, k0, q1 - q0, k1 - k0};
+}
+
+// The visible key range [lo, hi) of query row i (local to its sequence) under the resolved window
+// with bottom-right alignment; lo >= hi means the row sees no key (output 0, LSE -inf).
+// softcap and scale do not affect visibility.
+struct KeyRange {
+  int64_t lo, hi;
+};
+inline KeyRange visible_keys(const Params& p, int64_t i, int64_t q_len, int64_t k_len) {
+  const int64_t diag = i + k_len - q_len;
+  int64_t lo = p.window_left < 0 ? 0 : diag - p.window_left;
+  int64_t hi = p.window_right < 0 ? k_len : diag + p.window_right + 1;
+  if (lo < 0) lo = 0;
+  if (hi > k_len) hi = k_len;
+  return {lo, hi};
+}
+
+}  // namespace flashattn::detail

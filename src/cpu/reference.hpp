@@ -1,0 +1,20 @@
+// The float64 reference: materializes S and P, computes everything in double. It is the spec that
+// every test compares against. Its mask is written independently of the kernels' (a shared wrong
+// mask would hide bugs in both).
+//
+// Outputs are dense double arrays indexed by the tensors' logical coordinates:
+//   out/dq: [(b * seqlen_q + i) * heads + h] * head_dim + c      (b = 0 with varlen)
+//   dk/dv:  [(b * seqlen_k + j) * heads_kv + h] * head_dim + c
+//   lse:    [(b * heads + h) * seqlen_q + i]                     (-inf for rows that see no key)
+#pragma once
+
+#include "core/params.hpp"
+
+namespace flashattn::cpu {
+
+void reference_forward(const detail::Params& p, double* out, double* lse);
+
+// Gradients from q, k, v and p.dout only (out and lse are recomputed in double).
+void reference_backward(const detail::Params& p, double* dq, double* dk, double* dv);
+
+}  // namespace flashattn::cpu

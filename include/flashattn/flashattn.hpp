@@ -43,7 +43,8 @@ struct Options {
   // device memory for CUDA). Tensors then have batch 1 and seqlen = total packed tokens.
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
-  int max_seqlen_q = 0, max_seqlen_k = 0;
+  int varlen_batch = 0;  // number of sequences: cu_seqlens_q/k hold varlen_batch + 1 entries
+  int max_seqlen_q = 0, max_seqlen_k = 0;  // 0 -> computed from cu_seqlens
   Algorithm algorithm = Algorithm::flash;
   bool deterministic = false;  // bitwise-reproducible backward
   void* stream = nullptr;      // cudaStream_t for Device::cuda

@@ -32,10 +32,10 @@
 namespace flashattn {
 
 namespace softmax_math {
-FLASHATTN_HD float exp_base(float x, bool log2) { return log2 ? exp2f(x) : expf(x); }
-FLASHATTN_HD double exp_base(double x, bool log2) { return log2 ? exp2(x) : exp(x); }
-FLASHATTN_HD float log_base(float x, bool log2) { return log2 ? log2f(x) : logf(x); }
-FLASHATTN_HD double log_base(double x, bool log2) { return log2 ? log2(x) : log(x); }
+FLASHATTN_HD float exp_base(float x, bool base2) { return base2 ? exp2f(x) : expf(x); }
+FLASHATTN_HD double exp_base(double x, bool base2) { return base2 ? exp2(x) : exp(x); }
+FLASHATTN_HD float log_base(float x, bool base2) { return base2 ? log2f(x) : logf(x); }
+FLASHATTN_HD double log_base(double x, bool base2) { return base2 ? log2(x) : log(x); }
 template <class Acc>
 FLASHATTN_HD Acc neg_inf() { return -std::numeric_limits<Acc>::infinity(); }
 }  // namespace softmax_math

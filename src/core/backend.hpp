@@ -1,6 +1,8 @@
 // What each backend provides to src/core/dispatch.cpp. Arguments have been checked already.
 #pragma once
 
+#include <string>
+
 #include "core/params.hpp"
 
 namespace flashattn::cpu {
@@ -17,4 +19,6 @@ void check_device_pointers(const detail::Params& p, bool backward);  // throws E
 void forward(const detail::Params& p);
 void backward(const detail::Params& p);
 std::string info();
+// Device-to-host copy of a few bytes (used to validate cu_seqlens held in device memory); throws Error.
+void copy_to_host(void* host, const void* device_ptr, size_t bytes);
 }  // namespace flashattn::cuda

@@ -14,6 +14,10 @@ namespace flashattn::cpu {
 
 void reference_forward(const detail::Params& p, double* out, double* lse);
 
+// One query row: sequence b, head h, row i counted from the sequence's first query.
+// out[head_dim] and *lse as above. Cost O(k_len · head_dim) plus converting that K/V slice.
+void reference_row(const detail::Params& p, int64_t b, int64_t h, int64_t i, double* out, double* lse);
+
 // Gradients from q, k, v and p.dout only (out and lse are recomputed in double).
 void reference_backward(const detail::Params& p, double* dq, double* dk, double* dv);
 

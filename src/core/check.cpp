@@ -1,0 +1,264 @@
+// Every argument check of the library, in one place. A failed check throws before anything is
+// written, with a message "flashattn::<call>: <argument>: expected <...>, got <...>".
+#include "core/check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace flashattn::detail {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+std::string shape_str(const std::array<int64_t, 4>& s) {
+  std::ostringstream os;
+  os << '(' << s[0] << ", " << s[1] << ", " << s[2] << ", " << s[3] << ')';
+  return os.str();
+}
+
+bool valid_dtype(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+bool valid_device(Device d) { return d == Device::cpu || d == Device::cuda; }
+const char* dtype_name(DType t) { return valid_dtype(t) ? to_string(t) : "an invalid DType value"; }
+const char* device_name(Device d) { return valid_device(d) ? to_string(d) : "an invalid Device value"; }
+
+int64_t numel(const Tensor& t) { return t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]; }
+
+// Byte interval [lo, hi) that a tensor touches (empty when it has no elements).
+struct Span {
+  uintptr_t lo = 0, hi = 0;
+};
+Span byte_span(const Tensor& t, size_t elem) {
+  if (numel(t) == 0 || t.data == nullptr) return {};
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) last += (t.shape[i] - 1) * t.strides[i];
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  return {base, base + uintptr_t(last + 1) * elem};
+}
+bool overlaps(Span a, Span b) { return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi; }
+
+class Checker {
+ public:
+  explicit Checker(const char* call) : call_(call) {}
+
+  [[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& got) const {
+    throw Error(std::string("flashattn::") + call_ + ": " + arg + ": expected " + expected + ", got " + got);
+  }
+
+  // dtype, device, strides, null data; shape is checked by the caller against the others.
+  void tensor(const char* name, const Tensor& t) const {
+    if (!valid_dtype(t.dtype)) fail(name, "dtype f32, f16 or bf16", dtype_name(t.dtype));
+    if (!valid_device(t.device)) fail(name, "device cpu or cuda", device_name(t.device));
+    for (int i = 0; i < 4; ++i) {
+      if (t.shape[i] < 0) fail(name, "non-negative sizes", "shape " + shape_str(t.shape));
+      if (t.strides[i] < 0) fail(name, "non-negative strides", "strides " + shape_str(t.strides));
+    }
+    if (t.shape[3] > 1 && t.strides[3] != 1)
+      fail(name, "a contiguous last dimension (stride 1)", "stride " + std::to_string(t.strides[3]));
+    if (t.data == nullptr && numel(t) > 0) fail(name, "non-null data", "nullptr");
+  }
+
+  void same_kind(const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) const {
+    if (t.dtype != ref.dtype)
+      fail(name, std::string("dtype ") + dtype_name(ref.dtype) + " (as " + ref_name + ")", dtype_name(t.dtype));
+    if (t.device != ref.device)
+      fail(name, std::string("device ") + device_name(ref.device) + " (as " + ref_name + ")", device_name(t.device));
+  }
+
+  void shape(const char* name, const Tensor& t, const std::array<int64_t, 4>& want, const char* layout) const {
+    if (t.shape != want) fail(name, std::string("shape ") + shape_str(want) + " " + layout, shape_str(t.shape));
+  }
+
+  void lse(const char* name, const Tensor& t, const Tensor& q_like, int64_t b, int64_t h, int64_t nq) const {
+    if (t.dtype != DType::f32) fail(name, "dtype f32", dtype_name(t.dtype));
+    if (t.device != q_like.device)
+      fail(name, std::string("device ") + device_name(q_like.device) + " (as q)", device_name(t.device));
+    for (int i = 0; i < 4; ++i)
+      if (t.strides[i] < 0) fail(name, "non-negative strides", "strides " + shape_str(t.strides));
+    shape(name, t, {b, h, nq, 1}, "(batch, heads, seqlen_q, 1)");
+    if (t.data == nullptr && numel(t) > 0) fail(name, "non-null data", "nullptr");
+  }
+
+  void no_overlap(const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) const {
+    if (overlaps(byte_span(out, element_size(out.dtype)), byte_span(in, element_size(in.dtype))))
+      fail(out_name, std::string("memory disjoint from ") + in_name, "overlapping buffers");
+  }
+
+ private:
+  const char* call_;
+};
+
+// Copies cu_seqlens (varlen_batch + 1 entries) to the host for validation.
+std::vector<int32_t> read_cu_seqlens(const int32_t* cu, int64_t entries, Device device) {
+  std::vector<int32_t> host(static_cast<size_t>(entries));
+  if (device == Device::cpu) {
+    std::copy(cu, cu + entries, host.begin());
+  } else {
+#if defined(FLASHATTN_WITH_CUDA)
+    cuda::copy_to_host(host.data(), cu, size_t(entries) * sizeof(int32_t));
+#endif
+  }
+  return host;
+}
+
+void check_cu_seqlens(const Checker& c, const char* name, const std::vector<int32_t>& cu, int64_t total,
+                      const char* tensor, int64_t* max_len) {
+  if (cu[0] != 0) c.fail(name, "first entry 0", std::to_string(cu[0]));
+  int64_t longest = 0;
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    if (cu[b + 1] < cu[b])
+      c.fail(name, "non-decreasing entries", "entry " + std::to_string(b + 1) + " = " + std::to_string(cu[b + 1]) +
+                                                 " after " + std::to_string(cu[b]));
+    longest = std::max<int64_t>(longest, cu[b + 1] - cu[b]);
+  }
+  if (cu.back() != total)
+    c.fail(name, std::string("last entry equal to ") + tensor + "'s packed length " + std::to_string(total),
+           std::to_string(cu.back()));
+  *max_len = longest;
+}
+
+// Shared by forward and backward: q, k, v, out, lse, options -> Params.
+Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor* lse, const Options& o) {
+  c.tensor("q", q);
+  c.tensor("k", k);
+  c.tensor("v", v);
+  c.tensor("out", out);
+  c.same_kind("k", k, "q", q);
+  c.same_kind("v", v, "q", q);
+  c.same_kind("out", out, "q", q);
+  if (o.algorithm != Algorithm::flash && o.algorithm != Algorithm::standard)
+    c.fail("algorithm", "flash or standard", "an invalid Algorithm value");
+
+  const int64_t B = q.shape[0], Nq = q.shape[1], H = q.shape[2], d = q.shape[3];
+  const int64_t Nk = k.shape[1], Hkv = k.shape[2];
+  if (d < 1 || d > kMaxHeadDim)
+    c.fail("q", "head_dim (shape[3]) in 1.." + std::to_string(kMaxHeadDim), std::to_string(d));
+  if (H < 1) c.fail("q", "at least one head (shape[2])", std::to_string(H));
+  if (Hkv < 1) c.fail("k", "at least one head (shape[2])", std::to_string(Hkv));
+  if (k.shape[0] != B || k.shape[3] != d)
+    c.shape("k", k, {B, Nk, Hkv, d}, "(batch, seqlen_k, heads_kv, head_dim) matching q");
+  if (H % Hkv != 0)
+    c.fail("k", "heads_kv (shape[2]) dividing q's " + std::to_string(H) + " heads", std::to_string(Hkv));
+  c.shape("v", v, {B, Nk, Hkv, d}, "(batch, seqlen_k, heads_kv, head_dim) as k");
+  c.shape("out", out, {B, Nq, H, d}, "(batch, seqlen_q, heads, head_dim) as q");
+
+  if (!std::isfinite(o.scale)) c.fail("scale", "a finite value (0 = 1/sqrt(head_dim))", std::to_string(o.scale));
+  if (!std::isfinite(o.softcap) || o.softcap < 0)
+    c.fail("softcap", "a finite value >= 0 (0 = off)", std::to_string(o.softcap));
+  if (o.window_left < -1) c.fail("window_left", "-1 (unbounded) or >= 0", std::to_string(o.window_left));
+  if (o.window_right < -1) c.fail("window_right", "-1 (unbounded) or >= 0", std::to_string(o.window_right));
+  if (o.causal && o.window_right > 0)
+    c.fail("window_right", "-1 or 0 with causal (causal sees no key right of the diagonal)",
+           std::to_string(o.window_right));
+
+  Params p;
+  p.dtype = q.dtype;
+  p.device = q.device;
+  p.algorithm = o.algorithm;
+  p.batch = B;
+  p.seqlen_q = Nq;
+  p.seqlen_k = Nk;
+  p.heads = H;
+  p.heads_kv = Hkv;
+  p.head_dim = d;
+  auto ref = [](const Tensor& t) { return TensorRef{t.data, t.strides[0], t.strides[1], t.strides[2]}; };
+  p.q = ref(q);
+  p.k = ref(k);
+  p.v = ref(v);
+  p.out = ref(out);
+  p.scale = o.scale != 0 ? o.scale : float(1.0 / std::sqrt(double(d)));
+  p.softcap = o.softcap;
+  p.causal = o.causal;
+  p.window_left = o.window_left;
+  p.window_right = o.causal ? 0 : o.window_right;
+  p.deterministic = o.deterministic;
+  p.stream = o.stream;
+  p.max_seqlen_q = Nq;
+  p.max_seqlen_k = Nk;
+
+  // Variable length.
+  if ((o.cu_seqlens_q == nullptr) != (o.cu_seqlens_k == nullptr))
+    c.fail(o.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q", "set together with the other cu_seqlens", "nullptr");
+  if (o.cu_seqlens_q != nullptr) {
+    if (o.varlen_batch < 1) c.fail("varlen_batch", "the number of sequences (>= 1) with cu_seqlens", std::to_string(o.varlen_batch));
+    if (B != 1) c.fail("q", "batch 1 (packed tokens) with cu_seqlens", std::to_string(B));
+    const auto cq = read_cu_seqlens(o.cu_seqlens_q, o.varlen_batch + 1, p.device);
+    const auto ck = read_cu_seqlens(o.cu_seqlens_k, o.varlen_batch + 1, p.device);
+    int64_t max_q = 0, max_k = 0;
+    check_cu_seqlens(c, "cu_seqlens_q", cq, Nq, "q", &max_q);
+    check_cu_seqlens(c, "cu_seqlens_k", ck, Nk, "k", &max_k);
+    if (o.max_seqlen_q < 0 || (o.max_seqlen_q > 0 && o.max_seqlen_q < max_q))
+      c.fail("max_seqlen_q", "0 (computed) or >= the longest query sequence " + std::to_string(max_q),
+             std::to_string(o.max_seqlen_q));
+    if (o.max_seqlen_k < 0 || (o.max_seqlen_k > 0 && o.max_seqlen_k < max_k))
+      c.fail("max_seqlen_k", "0 (computed) or >= the longest key sequence " + std::to_string(max_k),
+             std::to_string(o.max_seqlen_k));
+    p.batch = o.varlen_batch;
+    p.cu_seqlens_q = o.cu_seqlens_q;
+    p.cu_seqlens_k = o.cu_seqlens_k;
+    p.max_seqlen_q = o.max_seqlen_q > 0 ? o.max_seqlen_q : max_q;
+    p.max_seqlen_k = o.max_seqlen_k > 0 ? o.max_seqlen_k : max_k;
+  } else if (o.varlen_batch != 0) {
+    c.fail("varlen_batch", "0 without cu_seqlens", std::to_string(o.varlen_batch));
+  }
+
+  if (lse != nullptr) {
+    c.lse("lse", *lse, q, B, H, Nq);
+    p.lse = LseRef{static_cast<float*>(lse->data), lse->strides[0], lse->strides[1], lse->strides[2]};
+  }
+  return p;
+}
+
+}  // namespace
+
+Params check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                     const Options& options) {
+  const Checker c("forward");
+  Params p = check_common(c, q, k, v, out, lse, options);
+  for (auto [name, in] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    c.no_overlap("out", out, name, *in);
+    if (lse) c.no_overlap("lse", *lse, name, *in);
+  }
+  if (lse) c.no_overlap("lse", *lse, "out", out);
+  return p;
+}
+
+Params check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                      const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                      const Options& options) {
+  const Checker c("backward");
+  Params p = check_common(c, q, k, v, out, &lse, options);
+  const struct {
+    const char* name;
+    const Tensor* t;
+    const Tensor* like;
+    const char* like_name;
+  } grads[] = {{"dout", &dout, &q, "q"}, {"dq", &dq, &q, "q"}, {"dk", &dk, &k, "k"}, {"dv", &dv, &k, "k"}};
+  for (const auto& g : grads) {
+    c.tensor(g.name, *g.t);
+    c.same_kind(g.name, *g.t, "q", q);
+    c.shape(g.name, *g.t, g.like->shape, g.like == &q ? "(batch, seqlen_q, heads, head_dim) as q"
+                                                      : "(batch, seqlen_k, heads_kv, head_dim) as k");
+  }
+  const std::pair<const char*, const Tensor*> inputs[] = {{"q", &q}, {"k", &k}, {"v", &v},
+                                                          {"out", &out}, {"dout", &dout}, {"lse", &lse}};
+  const std::pair<const char*, const Tensor*> outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  for (const auto& [oname, ot] : outputs)
+    for (const auto& [iname, it] : inputs) c.no_overlap(oname, *ot, iname, *it);
+  c.no_overlap("dk", dk, "dq", dq);
+  c.no_overlap("dv", dv, "dq", dq);
+  c.no_overlap("dv", dv, "dk", dk);
+
+  auto ref = [](const Tensor& t) { return TensorRef{t.data, t.strides[0], t.strides[1], t.strides[2]}; };
+  p.dout = ref(dout);
+  p.dq = ref(dq);
+  p.dk = ref(dk);
+  p.dv = ref(dv);
+  return p;
+}
+
+}  // namespace flashattn::detail

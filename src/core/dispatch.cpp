@@ -1,0 +1,106 @@
+// The public entry points: check every argument once, then hand the resolved Params to the
+// backend chosen by device (and, inside the CUDA backend, the kernel chosen by a registry).
+#include <sstream>
+
+#include "core/backend.hpp"
+#include "core/check.hpp"
+
+namespace flashattn {
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+const char* to_string(Device device) {
+  switch (device) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+  }
+  return "?";
+}
+const char* to_string(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::flash: return "flash";
+    case Algorithm::standard: return "standard";
+  }
+  return "?";
+}
+size_t element_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4> shape, Device device) {
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.shape = shape;
+  t.strides = {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
+  return t;
+}
+
+bool cuda_available() {
+#if defined(FLASHATTN_WITH_CUDA)
+  return cuda::available();
+#else
+  return false;
+#endif
+}
+
+std::string build_info() {
+  std::ostringstream os;
+  os << "flashattn: cpu backend";
+#if defined(FLASHATTN_WITH_CUDA)
+  os << "; " << cuda::info();
+#else
+  os << "; built without CUDA";
+#endif
+  return os.str();
+}
+
+namespace {
+[[noreturn]] void no_cuda(const char* call) {
+  throw Error(std::string("flashattn::") + call +
+              ": q: expected device cpu (this build has no CUDA backend), got cuda");
+}
+}  // namespace
+
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+             const Options& options) {
+  const detail::Params p = detail::check_forward(q, k, v, out, lse, options);
+  if (p.device == Device::cuda) {
+#if defined(FLASHATTN_WITH_CUDA)
+    cuda::check_device_pointers(p, /*backward=*/false);
+    cuda::forward(p);
+    return;
+#else
+    no_cuda("forward");
+#endif
+  }
+  if (p.algorithm == Algorithm::flash)
+    cpu::flash_forward(p);
+  else
+    cpu::standard_forward(p);
+}
+
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+              const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& options) {
+  const detail::Params p = detail::check_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  if (p.device == Device::cuda) {
+#if defined(FLASHATTN_WITH_CUDA)
+    cuda::check_device_pointers(p, /*backward=*/true);
+    cuda::backward(p);
+    return;
+#else
+    no_cuda("backward");
+#endif
+  }
+  if (p.algorithm == Algorithm::flash)
+    cpu::flash_backward(p);
+  else
+    cpu::standard_backward(p);
+}
+
+}  // namespace flashattn

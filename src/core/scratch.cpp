@@ -1,0 +1,8 @@
+#include "core/scratch.hpp"
+
+namespace flashattn::detail {
+ScratchCounter& host_scratch_counter() {
+  static ScratchCounter counter;
+  return counter;
+}
+}  // namespace flashattn::detail

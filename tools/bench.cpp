@@ -1,0 +1,81 @@
+// flashattn bench: one line per configuration, FLOP/s by the standard formula, optional
+// check against the float64 reference on sampled rows, --json for machines.
+#include <cmath>
+#include <cstdio>
+
+#include "commands.hpp"
+
+namespace flashattn::tools {
+
+int run_bench(const BenchArgs& a) {
+  const Device device = parse_device(a.device);
+  std::vector<bool> causal_modes;
+  if (a.causal == "no" || a.causal == "both") causal_modes.push_back(false);
+  if (a.causal == "yes" || a.causal == "both") causal_modes.push_back(true);
+  if (causal_modes.empty()) throw Error("flashattn bench: --causal: expected no, yes or both, got " + a.causal);
+  std::vector<Algorithm> algs;
+  if (a.algorithm == "flash" || a.algorithm == "both") algs.push_back(Algorithm::flash);
+  if (a.algorithm == "standard" || a.algorithm == "both") algs.push_back(Algorithm::standard);
+  if (algs.empty()) throw Error("flashattn bench: --algorithm: expected flash, standard or both, got " + a.algorithm);
+  const uint64_t seed = fresh_seed();
+  const double unit = device == Device::cpu ? 1e9 : 1e12;
+  const char* unit_name = device == Device::cpu ? "GFLOP/s" : "TFLOP/s";
+  if (a.json) std::printf("[\n");
+  bool first = true, ok = true;
+  for (const std::string& dt : a.dtypes)
+    for (int64_t d : a.head_dims)
+      for (int64_t n : a.seqlens)
+        for (bool causal : causal_modes)
+          for (Algorithm alg : algs) {
+            Config c;
+            c.device = device;
+            c.dtype = parse_dtype(dt, device);
+            c.batch = a.batch;
+            c.heads = a.heads;
+            c.heads_kv = a.heads_kv > 0 ? a.heads_kv : a.heads;
+            c.head_dim = d;
+            c.seqlen_q = n;
+            c.seqlen_k = a.seqlen_k > 0 ? a.seqlen_k : n;
+            c.causal = causal;
+            Problem pb(c, a.backward, seed + uint64_t(n * 7 + d));
+            Options opt;
+            opt.causal = causal;
+            opt.algorithm = alg;
+            const double fwd_ms =
+                time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, a.reps, 200);
+            double err = NAN;
+            if (a.check_rows > 0) err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
+            const double tol = c.dtype == DType::f32 ? 1e-4 : c.dtype == DType::f16 ? 5e-3 : 4e-2;
+            const bool pass = a.check_rows == 0 || err <= tol;
+            ok = ok && pass;
+            double bwd_ms = NAN;
+            if (a.backward)
+              bwd_ms = time_ms(device, [&] {
+                backward(pb.tq, pb.tk, pb.tv, pb.tout, pb.tdout, pb.tlse, pb.tdq, pb.tdk, pb.tdv, opt);
+              }, 1, a.reps, 200);
+            const double fwd_rate = forward_flops(c) / (fwd_ms * 1e-3) / unit;
+            const double bwd_rate = backward_flops(c) / (bwd_ms * 1e-3) / unit;
+            if (a.json) {
+              std::printf("%s  {\"device\":\"%s\",\"algorithm\":\"%s\",\"dtype\":\"%s\",\"batch\":%lld,\"heads\":%lld,"
+                          "\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,\"head_dim\":%lld,\"causal\":%s,"
+                          "\"fwd_ms\":%.6g,\"fwd_flops_per_s\":%.6g",
+                          first ? "" : ",\n", to_string(device), to_string(alg), to_string(c.dtype), (long long)c.batch,
+                          (long long)c.heads, (long long)c.heads_kv, (long long)c.seqlen_q, (long long)c.seqlen_k,
+                          (long long)d, causal ? "true" : "false", fwd_ms, fwd_rate * unit);
+              if (a.backward) std::printf(",\"bwd_ms\":%.6g,\"bwd_flops_per_s\":%.6g", bwd_ms, bwd_rate * unit);
+              if (a.check_rows > 0) std::printf(",\"max_err\":%.3g,\"ok\":%s", err, pass ? "true" : "false");
+              std::printf("}");
+              first = false;
+            } else {
+              std::printf("%-8s %s: fwd %.3f ms %.1f %s", to_string(alg), c.label().c_str(), fwd_ms, fwd_rate, unit_name);
+              if (a.backward) std::printf(" | bwd %.3f ms %.1f %s", bwd_ms, bwd_rate, unit_name);
+              if (a.check_rows > 0) std::printf(" max_err %.1e [%s]", err, pass ? "ok" : "FAIL");
+              std::printf("\n");
+            }
+            std::fflush(stdout);
+          }
+  if (a.json) std::printf("\n]\n");
+  return ok ? 0 : 1;
+}
+
+}  // namespace flashattn::tools

@@ -1,0 +1,50 @@
+// The subcommands of the flashattn program (tools/main.cpp wires them to CLI11).
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace flashattn::tools {
+
+struct DemoArgs {
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::vector<int64_t> seqlens = {1024, 2048, 4096, 8192};
+  int64_t batch = 1, heads = 4, head_dim = 64;
+  bool causal = false;
+  int check_rows = 8;
+};
+int run_demo(const DemoArgs& a);
+
+struct BenchArgs {
+  std::string device = "auto";
+  std::vector<std::string> dtypes = {"auto"};
+  std::vector<int64_t> seqlens = {1024, 2048, 4096};
+  int64_t seqlen_k = 0;  // 0 = same as seqlen
+  std::vector<int64_t> head_dims = {64, 128};
+  int64_t batch = 1, heads = 8, heads_kv = 0;
+  std::string causal = "both";        // no | yes | both
+  std::string algorithm = "flash";    // flash | standard | both
+  bool backward = false;
+  int check_rows = 4;                 // sampled rows checked against the fp64 reference (0 = off)
+  int reps = 10;
+  bool json = false;
+};
+int run_bench(const BenchArgs& a);
+
+struct TraceArgs {
+  std::string scores = "2.0,1.0,3.0,0.5,1.5,2.5";
+  int tile = 2;
+  std::string values;  // rows separated by ';', components by ','; empty = one-hot rows
+  bool json = false;
+};
+int run_trace(const TraceArgs& a, std::ostream& os);
+
+// Parsing helpers shared by the subcommands; throw Error naming the option.
+Device parse_device(const std::string& s);
+DType parse_dtype(const std::string& s, Device device);
+
+}  // namespace flashattn::tools

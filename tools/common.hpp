@@ -1,0 +1,74 @@
+// Shared pieces of the flashattn program: buffers on either device, random inputs, timing,
+// error against the float64 reference on sampled rows, FLOP counts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::tools {
+
+// One attention problem as the program describes it.
+struct Config {
+  Device device = Device::cpu;
+  DType dtype = DType::f32;
+  int64_t batch = 1, heads = 8, heads_kv = 8, seqlen_q = 1024, seqlen_k = 1024, head_dim = 64;
+  bool causal = false;
+  std::string label() const;  // e.g. "f32 d64 causal B=1 H=8 N=4096"
+};
+
+// FLOPs by the field's convention: forward 4·B·H·Nq·Nk·d, halved for causal (Nq == Nk);
+// backward 2.5× forward.
+double forward_flops(const Config& c);
+inline double backward_flops(const Config& c) { return 2.5 * forward_flops(c); }
+
+// An owning buffer on the host or a CUDA device.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, size_t bytes);
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  ~Buffer();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  void upload(const void* host, size_t bytes);
+  void download(void* host, size_t bytes) const;
+  void fill_bytes(uint8_t value);
+
+ private:
+  Device device_ = Device::cpu;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The tensors of one problem, densely packed, with fresh random inputs (normal, never zeros).
+struct Problem {
+  Config cfg;
+  Buffer q, k, v, out, lse, dout, dq, dk, dv;
+  Tensor tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv;
+  Problem(const Config& c, bool backward, uint64_t seed);
+};
+
+// Median wall time in ms of fn() (synchronized on CUDA) after `warmup` runs; repeats until
+// `min_total_ms` has passed or `max_reps` runs.
+double time_ms(Device device, const std::function<void()>& fn, int warmup = 1, int max_reps = 20,
+               double min_total_ms = 300);
+
+// Max |out - ref| over `rows` sampled (batch, head, query) rows of the problem's forward output.
+double forward_error_sampled(const Problem& pb, const Options& opt, int rows, uint64_t seed);
+
+// Fills host memory with N(0,1) values stored in dtype.
+void fill_random(void* host, DType dtype, size_t count, std::mt19937_64& rng, float stddev = 1.0f);
+
+std::string human_bytes(double bytes);
+uint64_t fresh_seed();
+void device_synchronize(Device device);
+
+}  // namespace flashattn::tools

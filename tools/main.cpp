@@ -1,0 +1,80 @@
+// The flashattn program: runs, checks, benchmarks and shows attention.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "commands.hpp"
+
+namespace flashattn::tools {
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu;
+  if (s == "cuda") {
+    if (!cuda_available()) throw Error("flashattn: --device: expected a device present in this build and machine, got cuda (" + build_info() + ")");
+    return Device::cuda;
+  }
+  if (s == "auto") return cuda_available() ? Device::cuda : Device::cpu;
+  throw Error("flashattn: --device: expected cpu, cuda or auto, got " + s);
+}
+
+DType parse_dtype(const std::string& s, Device device) {
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  if (s == "f16" || s == "fp16" || s == "float16") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "auto") return device == Device::cpu ? DType::f32 : DType::bf16;
+  throw Error("flashattn: --dtype: expected f32, f16, bf16 or auto, got " + s);
+}
+
+}  // namespace flashattn::tools
+
+int main(int argc, char** argv) {
+  using namespace flashattn::tools;
+  CLI::App app{"flashattn — exact attention that moves less data"};
+  app.require_subcommand(1);
+
+  DemoArgs demo;
+  auto* c_demo = app.add_subcommand("demo", "standard vs flash for growing N: time, extra memory, bytes moved, error; "
+                                            "then the online-softmax walk-through");
+  c_demo->add_option("--device", demo.device, "cpu, cuda or auto")->capture_default_str();
+  c_demo->add_option("--dtype", demo.dtype, "f32, f16, bf16 or auto (f32 on cpu, bf16 on cuda)")->capture_default_str();
+  c_demo->add_option("-N,--seqlen", demo.seqlens, "sequence lengths")->capture_default_str();
+  c_demo->add_option("--batch", demo.batch)->capture_default_str()->check(CLI::PositiveNumber);
+  c_demo->add_option("--heads", demo.heads)->capture_default_str()->check(CLI::PositiveNumber);
+  c_demo->add_option("--head-dim", demo.head_dim)->capture_default_str()->check(CLI::Range(1, 256));
+  c_demo->add_flag("--causal", demo.causal);
+  c_demo->add_option("--check-rows", demo.check_rows, "rows checked against the float64 reference")->capture_default_str();
+
+  BenchArgs bench;
+  auto* c_bench = app.add_subcommand("bench", "one line per configuration with FLOP/s; --json for machines");
+  c_bench->add_option("--device", bench.device, "cpu, cuda or auto")->capture_default_str();
+  c_bench->add_option("--dtype", bench.dtypes, "f32, f16, bf16 or auto")->capture_default_str();
+  c_bench->add_option("-N,--seqlen", bench.seqlens, "query sequence lengths")->capture_default_str();
+  c_bench->add_option("--seqlen-k", bench.seqlen_k, "key length (default: same as N)");
+  c_bench->add_option("-d,--head-dim", bench.head_dims)->capture_default_str()->check(CLI::Range(1, 256));
+  c_bench->add_option("--batch", bench.batch)->capture_default_str()->check(CLI::PositiveNumber);
+  c_bench->add_option("--heads", bench.heads)->capture_default_str()->check(CLI::PositiveNumber);
+  c_bench->add_option("--heads-kv", bench.heads_kv, "KV heads (GQA); default = heads");
+  c_bench->add_option("--causal", bench.causal, "no, yes or both")->capture_default_str();
+  c_bench->add_option("--algorithm", bench.algorithm, "flash, standard or both")->capture_default_str();
+  c_bench->add_flag("--backward", bench.backward, "also time the backward pass");
+  c_bench->add_option("--check-rows", bench.check_rows, "rows checked against the float64 reference (0 = off)")->capture_default_str();
+  c_bench->add_option("--reps", bench.reps, "timed repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  c_bench->add_flag("--json", bench.json);
+
+  TraceArgs trace;
+  auto* c_trace = app.add_subcommand("trace", "the online-softmax state after every key tile of one query row");
+  c_trace->add_option("--scores", trace.scores, "comma-separated scores (-inf = masked)")->capture_default_str();
+  c_trace->add_option("--tile", trace.tile, "keys per tile")->capture_default_str();
+  c_trace->add_option("--values", trace.values, "one row per key, rows separated by ';', components by ','");
+  c_trace->add_flag("--json", trace.json);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (c_demo->parsed()) return run_demo(demo);
+    if (c_bench->parsed()) return run_bench(bench);
+    if (c_trace->parsed()) return run_trace(trace, std::cout);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

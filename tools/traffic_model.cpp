@@ -1,0 +1,52 @@
+#include "traffic_model.hpp"
+
+namespace flashattn::tools {
+namespace {
+double q_elems(const Config& c) { return double(c.batch) * double(c.seqlen_q) * double(c.heads) * double(c.head_dim); }
+double k_elems(const Config& c) { return double(c.batch) * double(c.seqlen_k) * double(c.heads_kv) * double(c.head_dim); }
+double lse_elems(const Config& c) { return double(c.batch) * double(c.heads) * double(c.seqlen_q); }
+double score_elems(const Config& c) { return double(c.batch) * double(c.heads) * double(c.seqlen_q) * double(c.seqlen_k); }
+}  // namespace
+
+size_t score_element_size(const Config& c) { return c.device == Device::cpu ? 4 : element_size(c.dtype); }
+
+Traffic compulsory_forward(const Config& c) {
+  const double e = double(element_size(c.dtype));
+  return {e * (q_elems(c) + 2 * k_elems(c)),           // read Q, K, V
+          e * q_elems(c) + 4 * lse_elems(c)};          // write O, LSE
+}
+
+Traffic compulsory_backward(const Config& c) {
+  const double e = double(element_size(c.dtype));
+  return {e * (3 * q_elems(c) + 2 * k_elems(c)) + 4 * lse_elems(c),  // read Q, O, dO, K, V, LSE
+          e * (q_elems(c) + 2 * k_elems(c))};                          // write dQ, dK, dV
+}
+
+Traffic forward_traffic(const Config& c, Algorithm a) {
+  Traffic t = compulsory_forward(c);
+  if (a == Algorithm::standard) {
+    // S written by the first GEMM and read by the softmax; P written by the softmax and read by
+    // the second GEMM.
+    const double s = double(score_element_size(c)) * score_elems(c);
+    t.read += 2 * s;
+    t.write += 2 * s;
+  }
+  return t;
+}
+
+Traffic backward_traffic(const Config& c, Algorithm a) {
+  Traffic t = compulsory_backward(c);
+  // D = rowsum(dO ∘ O), fp32: written once, read once.
+  t.write += 4 * lse_elems(c);
+  t.read += 4 * lse_elems(c);
+  if (a == Algorithm::standard) {
+    // Recomputed S (write, read), P (write; read by dV = PᵀdO and by dS), dP (write, read),
+    // dS (write; read by dQ = dS K and dK = dSᵀQ).
+    const double s = double(score_element_size(c)) * score_elems(c);
+    t.write += 4 * s;
+    t.read += 6 * s;
+  }
+  return t;
+}
+
+}  // namespace flashattn::tools

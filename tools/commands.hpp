@@ -43,6 +43,16 @@ struct TraceArgs {
 };
 int run_trace(const TraceArgs& a, std::ostream& os);
 
+struct TrafficArgs {
+  std::string device = "auto";
+  std::string dtype = "f16";
+  std::vector<int64_t> seqlens = {1024, 2048, 4096, 6144, 8192};
+  int64_t batch = 1, heads = 32, heads_kv = 0, head_dim = 128;
+  bool causal = false;
+  std::string format = "table";  // table | json | csv
+};
+int run_traffic(const TrafficArgs& a);
+
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);
 DType parse_dtype(const std::string& s, Device device);

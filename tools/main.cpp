@@ -67,11 +67,26 @@ int main(int argc, char** argv) {
   c_trace->add_option("--values", trace.values, "one row per key, rows separated by ';', components by ','");
   c_trace->add_flag("--json", trace.json);
 
+  TrafficArgs traffic;
+  auto* c_traffic = app.add_subcommand("traffic", "bytes each algorithm moves through main memory, for a sweep of N");
+  c_traffic->add_option("--device", traffic.device, "cpu, cuda or auto")->capture_default_str();
+  c_traffic->add_option("--dtype", traffic.dtype, "f32, f16 or bf16")->capture_default_str();
+  c_traffic->add_option("-N,--seqlen", traffic.seqlens)->capture_default_str();
+  c_traffic->add_option("--batch", traffic.batch)->capture_default_str()->check(CLI::PositiveNumber);
+  c_traffic->add_option("--heads", traffic.heads)->capture_default_str()->check(CLI::PositiveNumber);
+  c_traffic->add_option("--heads-kv", traffic.heads_kv, "KV heads (GQA); default = heads");
+  c_traffic->add_option("-d,--head-dim", traffic.head_dim)->capture_default_str()->check(CLI::Range(1, 256));
+  c_traffic->add_flag("--causal", traffic.causal);
+  c_traffic->add_option("--format", traffic.format, "table, json or csv")->capture_default_str();
+  c_traffic->add_flag_callback("--json", [&] { traffic.format = "json"; });
+  c_traffic->add_flag_callback("--csv", [&] { traffic.format = "csv"; });
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c_demo->parsed()) return run_demo(demo);
     if (c_bench->parsed()) return run_bench(bench);
     if (c_trace->parsed()) return run_trace(trace, std::cout);
+    if (c_traffic->parsed()) return run_traffic(traffic);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -1,18 +1,23 @@
 // The standard (materializing) algorithm on the CPU: the measured baseline.
-//   S = scale·Q Kᵀ  → written to an Nq×Nk buffer (BLAS GEMM)
-//   P = softmax(S)   → read S, write an Nq×Nk buffer
-//   O = P V          → read P (BLAS GEMM)
-// S and P are rounded to the working dtype as a framework computing in that dtype would store
-// them; products accumulate in fp32. Extra memory grows as Nq·Nk: that is the point.
-#include <cblas.h>
+//
+//   pass 1  S = scale·Q Kᵀ (+ softcap, mask)   → written to an Nq×Nk buffer
+//   pass 2  P = softmax(S)                      → S read back, P written to an Nq×Nk buffer
+//   pass 3  O = P V                             → P read back
+//
+// S and P are stored in the working dtype, as a framework computing in that dtype stores them;
+// products accumulate in fp32. The arithmetic uses the same SIMD tile kernels as the flash path
+// (src/cpu/tile_kernels.hpp), so that the two algorithms differ only in what they keep on chip and
+// what they send to main memory. Extra memory grows as Nq·Nk: that is the point.
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/backend.hpp"
-#include "core/dtype.hpp"
 #include "core/scratch.hpp"
+#include "cpu/flash_common.hpp"
+#include "cpu/isa.hpp"
 
 namespace flashattn::cpu {
 namespace {
@@ -20,172 +25,236 @@ namespace {
 using detail::Params;
 using detail::Scratch;
 using detail::SeqSpan;
-using detail::TensorRef;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// A rows×d fp32 view of a tensor slice: the tensor itself when it is f32, else a converted copy.
-struct F32Rows {
-  const float* data = nullptr;
-  int64_t ld = 0;
-  Scratch<float> copy;
+constexpr int kRows = 64;  // query rows per block of a pass
+constexpr int kKeys = 64;  // keys per tile of the P·V-like products
+constexpr float kLn2 = 0.69314718055994530942f;
+
+// K and V of one (sequence, KV head) in the fp32 layouts the tile GEMMs take. O(Nk·d) memory.
+struct KvHead {
+  int64_t nk_pad = 0;
+  Scratch<float> k, kt, v, vt;  // k, v: (nk, d_pad) rows; kt, vt: (d, nk_pad) transposed, zero-padded
+
+  void load(const Params& p, const TileKernels& tk, const SeqSpan& sp, int64_t hk, bool transposed_v) {
+    const int64_t d = p.head_dim, d_pad = pad_n(d), nk = sp.k_len;
+    nk_pad = pad_n(std::max<int64_t>(nk, 1));
+    k.allocate(size_t(std::max<int64_t>(nk, 1) * d_pad));
+    v.allocate(k.size());
+    std::fill(k.data(), k.data() + k.size(), 0.0f);
+    std::fill(v.data(), v.data() + v.size(), 0.0f);
+    load_rows(p, tk, p.k, sp, sp.k_start, hk, 0, int(nk), 1.0f, k.data(), d_pad);
+    load_rows(p, tk, p.v, sp, sp.k_start, hk, 0, int(nk), 1.0f, v.data(), d_pad);
+    kt.allocate(size_t(d * nk_pad));
+    transpose_tile(k.data(), int(nk), int(d), d_pad, kt.data(), nk_pad);
+    if (transposed_v) {
+      vt.allocate(size_t(d * nk_pad));
+      transpose_tile(v.data(), int(nk), int(d), d_pad, vt.data(), nk_pad);
+    }
+  }
 };
-void view_rows(const Params& p, const TensorRef& t, int64_t b, int64_t row0, int64_t rows, int64_t h, F32Rows& out) {
-  const int64_t d = p.head_dim;
-  if (p.dtype == DType::f32) {
-    out.data = static_cast<const float*>(t.data) + t.offset(b, row0, h);
-    out.ld = t.row_stride;
-    return;
+
+// One materialized Nq×Nk matrix in the working dtype, row-major with leading dimension nk.
+struct Matrix {
+  Scratch<char> bytes;
+  int64_t nk = 0;
+  size_t esz = 4;
+  void allocate(int64_t nq, int64_t nk_, DType t) {
+    nk = nk_;
+    esz = dtype_bytes(t);
+    bytes.allocate(size_t(std::max<int64_t>(nq * nk, 1)) * esz);
   }
-  if (out.copy.size() < size_t(std::max<int64_t>(rows * d, 1))) out.copy.allocate(size_t(std::max<int64_t>(rows * d, 1)));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < d; ++c)
-      out.copy[size_t(i * d + c)] = detail::load_as_float(t.data, t.offset(b, row0 + i, h) + c, p.dtype);
-  out.data = out.copy.data();
-  out.ld = d;
-}
+  char* row(int64_t i) { return bytes.data() + size_t(i * nk) * esz; }
+};
 
-void store_rows(const Params& p, const TensorRef& t, int64_t b, int64_t row0, int64_t rows, int64_t h,
-                const float* src, int64_t ld) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < p.head_dim; ++c)
-      detail::store_from_float(t.data, t.offset(b, row0 + i, h) + c, p.dtype, src[i * ld + c]);
-}
-
-// The scores of one (sequence, head) after scale, softcap, rounding and masking, as the standard
-// path stores them; masked entries are -inf. raw_out (optional) keeps scale·q·k for softcap's backward.
-void scores(const Params& p, const SeqSpan& sp, const F32Rows& q, const F32Rows& k, float* S, float* raw_out) {
-  const int64_t nq = sp.q_len, nk = sp.k_len, d = p.head_dim;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d), p.scale, q.data, int(q.ld),
-              k.data, int(k.ld), 0.0f, S, int(nk));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < nq; ++i) {
-    const detail::KeyRange r = detail::visible_keys(p, i, nq, nk);
-    float* s = S + i * nk;
-    for (int64_t j = 0; j < nk; ++j) {
-      float x = s[j];
-      if (raw_out) raw_out[i * nk + j] = x;
-      if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
-      s[j] = (j >= r.lo && j < r.hi) ? detail::round_to(x, p.dtype) : kNegInf;
+// Pass 1: S rows of one head, in log2 units (scale·log2(e) folded in, as the flash path does), capped and
+// masked (-inf), rounded to the dtype as stored.
+void pass_scores(const Params& p, const TileKernels& tk, const SeqSpan& sp, int64_t h, const KvHead& kv, Matrix& S) {
+  const int64_t d = p.head_dim, d_pad = pad_n(d), nq = sp.q_len, nk = sp.k_len;
+  const bool capped = p.softcap > 0;
+  const float qmult = capped ? p.scale : p.scale * kLog2e;
+#pragma omp parallel
+  {
+    Scratch<float> q(size_t(kRows * d_pad)), s(size_t(kRows * kv.nk_pad));
+    KeyRange range[kRows];
+#pragma omp for schedule(static)
+    for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+      const int mq = int(std::min<int64_t>(kRows, nq - i0));
+      load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, qmult, q.data(), d_pad);
+      tk.gemm(mq, int(kv.nk_pad), int(d), q.data(), d_pad, 1, kv.kt.data(), kv.nk_pad, s.data(), kv.nk_pad, nullptr,
+              false);
+      for (int r = 0; r < mq; ++r) {
+        range[r] = detail::visible_keys(p, i0 + r, nq, nk);
+        if (capped) tk.softcap(s.data() + r * kv.nk_pad, int(nk), p.softcap, kLog2e, nullptr);
+      }
+      mask_tile(range, mq, 0, int(nk), s.data(), kv.nk_pad);
+      for (int r = 0; r < mq; ++r) tk.store(s.data() + r * kv.nk_pad, int(nk), 1.0f, p.dtype, S.row(i0 + r));
     }
   }
 }
 
-// P = softmax(S) row by row into P (rounded to dtype); lse per row (-inf for empty rows).
-void softmax_rows(const Params& p, int64_t nq, int64_t nk, const float* S, float* P, float* lse) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < nq; ++i) {
-    const float* s = S + i * nk;
-    float* pr = P + i * nk;
-    float m = kNegInf;
-    for (int64_t j = 0; j < nk; ++j) m = std::max(m, s[j]);
-    if (m == kNegInf) {
-      std::fill(pr, pr + nk, 0.0f);
-      lse[i] = kNegInf;
-      continue;
+// Pass 2: P = softmax(S) row by row (S read back, P written); lse[i] in natural log, -inf for rows
+// that see no key (their P row is 0).
+void pass_softmax(const Params& p, const TileKernels& tk, int64_t nq, Matrix& S, Matrix& P, float* lse) {
+  const int nk = int(S.nk);
+#pragma omp parallel
+  {
+    Scratch<float> row(size_t(std::max(nk, 1)));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nq; ++i) {
+      tk.load(S.row(i), p.dtype, nk, 1.0f, row.data());
+      const float m = tk.row_max(row.data(), nk);
+      if (m == -std::numeric_limits<float>::infinity()) {
+        std::fill(row.data(), row.data() + nk, 0.0f);
+        tk.store(row.data(), nk, 1.0f, p.dtype, P.row(i));
+        lse[i] = m;
+        continue;
+      }
+      const float sum = tk.exp2_sum(row.data(), nk, m);
+      tk.store(row.data(), nk, 1.0f / sum, p.dtype, P.row(i));
+      lse[i] = (m + std::log2(sum)) * kLn2;
     }
-    float sum = 0;
-    for (int64_t j = 0; j < nk; ++j) {
-      pr[j] = std::exp(s[j] - m);
-      sum += pr[j];
+  }
+}
+
+// C rows [i0, i0+mq) = A rows · B, where A is a materialized Nq×Nk matrix (read back tile by tile)
+// and B is (nk, d_pad) fp32 rows: the P·V, dS·K pass. Result multiplied by mult and stored to `dst`.
+void pass_rows_times(const Params& p, const TileKernels& tk, const SeqSpan& sp, int64_t h, Matrix& A, const float* B,
+                     float mult, const detail::TensorRef& dst) {
+  const int64_t d = p.head_dim, d_pad = pad_n(d), nq = sp.q_len, nk = sp.k_len;
+  char* base = static_cast<char*>(dst.data);
+  const size_t esz = dtype_bytes(p.dtype);
+#pragma omp parallel
+  {
+    Scratch<float> a(size_t(kRows * kKeys)), acc(size_t(kRows * d_pad));
+#pragma omp for schedule(static)
+    for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+      const int mq = int(std::min<int64_t>(kRows, nq - i0));
+      std::fill(acc.data(), acc.data() + mq * d_pad, 0.0f);
+      for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
+        const int nt = int(std::min<int64_t>(kKeys, nk - j0));
+        for (int r = 0; r < mq; ++r) tk.load(A.row(i0 + r) + size_t(j0) * A.esz, p.dtype, nt, 1.0f, a.data() + r * kKeys);
+        tk.gemm(mq, int(d_pad), nt, a.data(), kKeys, 1, B + j0 * d_pad, d_pad, acc.data(), d_pad, nullptr, true);
+      }
+      for (int r = 0; r < mq; ++r)
+        tk.store(acc.data() + r * d_pad, int(d), mult, p.dtype,
+                 base + dst.offset(sp.batch_index, sp.q_start + i0 + r, h) * int64_t(esz));
     }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < nk; ++j) pr[j] = detail::round_to(pr[j] * inv, p.dtype);
-    lse[i] = m + std::log(sum);
   }
 }
 
 }  // namespace
 
 void standard_forward(const Params& p) {
-  const int64_t d = p.head_dim, G = p.group_size();
-  Scratch<float> S(size_t(std::max<int64_t>(p.max_seqlen_q * p.max_seqlen_k, 1)));
-  Scratch<float> P(S.size());
-  Scratch<float> O(size_t(std::max<int64_t>(p.max_seqlen_q * d, 1)));
+  const TileKernels& tk = tile_kernels();
+  const int64_t G = p.group_size();
+  Matrix S, P;
   Scratch<float> lse(size_t(std::max<int64_t>(p.max_seqlen_q, 1)));
-  F32Rows q, k, v;
+  KvHead kv;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SeqSpan sp = detail::seq_span(p, b);
-    const int64_t nq = sp.q_len, nk = sp.k_len;
-    if (nq == 0) continue;
+    if (sp.q_len == 0) continue;
+    S.allocate(sp.q_len, sp.k_len, p.dtype);
+    P.allocate(sp.q_len, sp.k_len, p.dtype);
     for (int64_t h = 0; h < p.heads; ++h) {
-      if (h % G == 0) {
-        view_rows(p, p.k, sp.batch_index, sp.k_start, nk, h / G, k);
-        view_rows(p, p.v, sp.batch_index, sp.k_start, nk, h / G, v);
-      }
-      view_rows(p, p.q, sp.batch_index, sp.q_start, nq, h, q);
-      if (nk > 0) {
-        scores(p, sp, q, k, S.data(), nullptr);
-        softmax_rows(p, nq, nk, S.data(), P.data(), lse.data());
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(d), int(nk), 1.0f, P.data(), int(nk),
-                    v.data, int(v.ld), 0.0f, O.data(), int(d));
-      } else {
-        std::fill(O.data(), O.data() + nq * d, 0.0f);
-        std::fill(lse.data(), lse.data() + nq, kNegInf);
-      }
-      store_rows(p, p.out, sp.batch_index, sp.q_start, nq, h, O.data(), d);
+      if (h % G == 0) kv.load(p, tk, sp, h / G, false);
+      pass_scores(p, tk, sp, h, kv, S);
+      pass_softmax(p, tk, sp.q_len, S, P, lse.data());
+      pass_rows_times(p, tk, sp, h, P, kv.v.data(), 1.0f, p.out);
       if (p.lse.data)
-        for (int64_t i = 0; i < nq; ++i) p.lse.data[p.lse.offset(sp.batch_index, h, sp.q_start + i)] = lse[size_t(i)];
+        for (int64_t i = 0; i < sp.q_len; ++i) p.lse.data[p.lse.offset(sp.batch_index, h, sp.q_start + i)] = lse[size_t(i)];
     }
   }
 }
 
 void standard_backward(const Params& p) {
-  const int64_t d = p.head_dim, G = p.group_size();
-  const size_t nn = size_t(std::max<int64_t>(p.max_seqlen_q * p.max_seqlen_k, 1));
-  Scratch<float> S(nn), P(nn), dP(nn), raw(p.softcap > 0 ? nn : 0), lse(size_t(std::max<int64_t>(p.max_seqlen_q, 1)));
-  Scratch<float> D(size_t(std::max<int64_t>(p.max_seqlen_q, 1)));
-  Scratch<float> dQ(size_t(std::max<int64_t>(p.max_seqlen_q * d, 1)));
-  Scratch<float> dK(size_t(std::max<int64_t>(p.max_seqlen_k * d, 1))), dV(dK.size());
-  F32Rows q, k, v, o, dout;
+  const TileKernels& tk = tile_kernels();
+  const int64_t G = p.group_size(), d = p.head_dim, d_pad = pad_n(d);
+  const size_t esz = dtype_bytes(p.dtype);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  Matrix S, P, dP;
+  Scratch<float> lse(size_t(std::max<int64_t>(p.max_seqlen_q, 1))), D(lse.size());
+  KvHead kv;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SeqSpan sp = detail::seq_span(p, b);
     const int64_t nq = sp.q_len, nk = sp.k_len;
+    S.allocate(nq, nk, p.dtype);
+    P.allocate(nq, nk, p.dtype);
+    dP.allocate(nq, nk, p.dtype);
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
-      std::fill(dK.data(), dK.data() + nk * d, 0.0f);
-      std::fill(dV.data(), dV.data() + nk * d, 0.0f);
-      view_rows(p, p.k, sp.batch_index, sp.k_start, nk, hk, k);
-      view_rows(p, p.v, sp.batch_index, sp.k_start, nk, hk, v);
+      kv.load(p, tk, sp, hk, true);
+      Scratch<float> dk(size_t(std::max<int64_t>(nk, 1) * d_pad)), dv(dk.size());
+      std::fill(dk.data(), dk.data() + dk.size(), 0.0f);
+      std::fill(dv.data(), dv.data() + dv.size(), 0.0f);
       for (int64_t h = hk * G; h < (hk + 1) * G && nq > 0; ++h) {
-        std::fill(dQ.data(), dQ.data() + nq * d, 0.0f);
-        if (nk > 0) {
-          view_rows(p, p.q, sp.batch_index, sp.q_start, nq, h, q);
-          view_rows(p, p.out, sp.batch_index, sp.q_start, nq, h, o);
-          view_rows(p, p.dout, sp.batch_index, sp.q_start, nq, h, dout);
-          // Recompute S and P (the standard path materializes them again).
-          scores(p, sp, q, k, S.data(), p.softcap > 0 ? raw.data() : nullptr);
-          softmax_rows(p, nq, nk, S.data(), P.data(), lse.data());
-          for (int64_t i = 0; i < nq; ++i) {  // D = rowsum(dO ∘ O)
-            double acc = 0;
-            for (int64_t c = 0; c < d; ++c) acc += double(dout.data[i * dout.ld + c]) * o.data[i * o.ld + c];
-            D[size_t(i)] = float(acc);
+        // Recompute S and P (materialized again).
+        pass_scores(p, tk, sp, h, kv, S);
+        pass_softmax(p, tk, nq, S, P, lse.data());
+#pragma omp parallel
+        {
+          Scratch<float> o{size_t(d_pad)}, g{size_t(kRows * d_pad)}, s{size_t(kRows * kv.nk_pad)};
+          Scratch<float> prow(size_t(kv.nk_pad)), trow(size_t(kv.nk_pad));
+          Scratch<float> ds_tile(size_t(kRows * kKeys)), p_tile(ds_tile.size()), q_tile(size_t(kRows * d_pad));
+          // D = rowsum(dO ∘ O)
+#pragma omp for schedule(static)
+          for (int64_t i = 0; i < nq; ++i) {
+            load_rows(p, tk, p.out, sp, sp.q_start, h, i, 1, 1.0f, o.data(), d_pad);
+            load_rows(p, tk, p.dout, sp, sp.q_start, h, i, 1, 1.0f, g.data(), d_pad);
+            D[size_t(i)] = tk.dot(o.data(), g.data(), int(d));
           }
-          // dV += Pᵀ dO ; dP = dO Vᵀ
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(d), int(nq), 1.0f, P.data(), int(nk),
-                      dout.data, int(dout.ld), 1.0f, dV.data(), int(d));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(nq), int(nk), int(d), 1.0f, dout.data,
-                      int(dout.ld), v.data, int(v.ld), 0.0f, dP.data(), int(nk));
-          // dS = P ∘ (dP − D), through softcap's tanh, rounded as stored; written over dP.
-#pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < nq; ++i)
-            for (int64_t j = 0; j < nk; ++j) {
-              const size_t ij = size_t(i * nk + j);
-              float ds = P[ij] * (dP[ij] - D[size_t(i)]);
-              if (p.softcap > 0) {
-                const float t = std::tanh(raw[ij] / p.softcap);
-                ds *= 1 - t * t;
-              }
-              dP[ij] = detail::round_to(ds, p.dtype);
+          // dP = dO Vᵀ, written
+#pragma omp for schedule(static)
+          for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+            const int mq = int(std::min<int64_t>(kRows, nq - i0));
+            load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, g.data(), d_pad);
+            tk.gemm(mq, int(kv.nk_pad), int(d), g.data(), d_pad, 1, kv.vt.data(), kv.nk_pad, s.data(), kv.nk_pad,
+                    nullptr, false);
+            for (int r = 0; r < mq; ++r) tk.store(s.data() + r * kv.nk_pad, int(nk), 1.0f, p.dtype, dP.row(i0 + r));
+          }
+          // dS = P ∘ (dP − D) (through softcap's tanh: t = capped score / cap), written over dP
+#pragma omp for schedule(static)
+          for (int64_t i = 0; i < nq; ++i) {
+            tk.load(P.row(i), p.dtype, int(nk), 1.0f, prow.data());
+            tk.load(dP.row(i), p.dtype, int(nk), 1.0f, s.data());
+            const float* t = nullptr;
+            if (p.softcap > 0) {
+              tk.load(S.row(i), p.dtype, int(nk), 1.0f / (kLog2e * p.softcap), trow.data());
+              for (int64_t j = 0; j < nk; ++j)
+                if (trow[size_t(j)] == ninf) trow[size_t(j)] = 0.0f;  // masked: P = 0 there anyway
+              t = trow.data();
             }
-          // dQ = scale·dS K ; dK += scale·dSᵀ Q
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nq), int(d), int(nk), p.scale, dP.data(),
-                      int(nk), k.data, int(k.ld), 0.0f, dQ.data(), int(d));
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(nk), int(d), int(nq), p.scale, dP.data(),
-                      int(nk), q.data, int(q.ld), 1.0f, dK.data(), int(d));
+            tk.dsoftmax(prow.data(), s.data(), D[size_t(i)], t, int(nk), s.data());
+            tk.store(s.data(), int(nk), 1.0f, p.dtype, dP.row(i));
+          }
+          // dK += dSᵀ Q, dV += Pᵀ dO: per key tile over all query tiles (each thread owns its key rows)
+#pragma omp for schedule(static)
+          for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
+            const int nt = int(std::min<int64_t>(kKeys, nk - j0));
+            for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+              const int mq = int(std::min<int64_t>(kRows, nq - i0));
+              for (int r = 0; r < mq; ++r) {
+                tk.load(dP.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, ds_tile.data() + r * kKeys);
+                tk.load(P.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, p_tile.data() + r * kKeys);
+              }
+              load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, 1.0f, q_tile.data(), d_pad);
+              load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, g.data(), d_pad);
+              tk.gemm(nt, int(d_pad), mq, ds_tile.data(), 1, kKeys, q_tile.data(), d_pad, dk.data() + j0 * d_pad, d_pad,
+                      nullptr, true);
+              tk.gemm(nt, int(d_pad), mq, p_tile.data(), 1, kKeys, g.data(), d_pad, dv.data() + j0 * d_pad, d_pad,
+                      nullptr, true);
+            }
+          }
         }
-        store_rows(p, p.dq, sp.batch_index, sp.q_start, nq, h, dQ.data(), d);
+        // dQ = scale·dS K (dS read back once more)
+        pass_rows_times(p, tk, sp, h, dP, kv.k.data(), p.scale, p.dq);
       }
-      store_rows(p, p.dk, sp.batch_index, sp.k_start, nk, hk, dK.data(), d);
-      store_rows(p, p.dv, sp.batch_index, sp.k_start, nk, hk, dV.data(), d);
+      if (nq == 0)  // no query: dq has no rows; dk, dv are 0
+        std::fill(dk.data(), dk.data() + dk.size(), 0.0f);
+      char* dk_base = static_cast<char*>(p.dk.data);
+      char* dv_base = static_cast<char*>(p.dv.data);
+      for (int64_t j = 0; j < nk; ++j) {
+        tk.store(dk.data() + j * d_pad, int(d), p.scale, p.dtype, dk_base + p.dk.offset(sp.batch_index, sp.k_start + j, hk) * int64_t(esz));
+        tk.store(dv.data() + j * d_pad, int(d), 1.0f, p.dtype, dv_base + p.dv.offset(sp.batch_index, sp.k_start + j, hk) * int64_t(esz));
+      }
     }
   }
 }

@@ -53,6 +53,14 @@ struct TrafficArgs {
 };
 int run_traffic(const TrafficArgs& a);
 
+struct TimelineArgs {
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  int64_t batch = 1, heads = 4, head_dim = 64, seqlen = 4096;
+  bool causal = false, backward = false;
+};
+int run_timeline(const TimelineArgs& a);
+
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);
 DType parse_dtype(const std::string& s, Device device);

@@ -81,12 +81,25 @@ int main(int argc, char** argv) {
   c_traffic->add_flag_callback("--json", [&] { traffic.format = "json"; });
   c_traffic->add_flag_callback("--csv", [&] { traffic.format = "csv"; });
 
+  TimelineArgs timeline;
+  auto* c_timeline = app.add_subcommand("timeline", "time of each stage of the standard algorithm against this "
+                                                    "machine's measured bandwidth and FLOP ceilings, beside flash");
+  c_timeline->add_option("--device", timeline.device, "cpu")->capture_default_str();
+  c_timeline->add_option("--dtype", timeline.dtype, "f32, f16 or bf16")->capture_default_str();
+  c_timeline->add_option("-N,--seqlen", timeline.seqlen)->capture_default_str()->check(CLI::PositiveNumber);
+  c_timeline->add_option("--batch", timeline.batch)->capture_default_str()->check(CLI::PositiveNumber);
+  c_timeline->add_option("--heads", timeline.heads)->capture_default_str()->check(CLI::PositiveNumber);
+  c_timeline->add_option("-d,--head-dim", timeline.head_dim)->capture_default_str()->check(CLI::Range(1, 256));
+  c_timeline->add_flag("--causal", timeline.causal);
+  c_timeline->add_flag("--backward", timeline.backward, "the backward pass's stages");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c_demo->parsed()) return run_demo(demo);
     if (c_bench->parsed()) return run_bench(bench);
     if (c_trace->parsed()) return run_trace(trace, std::cout);
     if (c_traffic->parsed()) return run_traffic(traffic);
+    if (c_timeline->parsed()) return run_timeline(timeline);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

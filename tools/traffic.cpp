@@ -64,9 +64,9 @@ int run_traffic(const TrafficArgs& a) {
     return 0;
   }
   std::printf("Bytes moved through main memory by one call (analytic model, docs/traffic-model.md)\n");
-  std::printf("%s, batch %lld, %lld heads, head_dim %lld, %s, %s\n\n", to_string(parse_dtype(a.dtype, device)),
+  std::printf("%s, batch %lld, %lld heads, head_dim %lld, %s, %s; S and P stored in the working dtype\n\n", to_string(parse_dtype(a.dtype, device)),
               (long long)a.batch, (long long)a.heads, (long long)a.head_dim, a.causal ? "causal" : "no mask",
-              device == Device::cpu ? "cpu (S, P stored fp32)" : "cuda (S, P stored in the working dtype)");
+              device == Device::cpu ? "cpu" : "cuda");
   std::printf("%7s | %-28s %-28s %9s | %-28s %-28s %9s\n", "", "forward standard (read/write)", "forward flash",
               "std/flash", "backward standard", "backward flash", "std/flash");
   for (const Row& r : rows) {

@@ -8,7 +8,7 @@ double lse_elems(const Config& c) { return double(c.batch) * double(c.heads) * d
 double score_elems(const Config& c) { return double(c.batch) * double(c.heads) * double(c.seqlen_q) * double(c.seqlen_k); }
 }  // namespace
 
-size_t score_element_size(const Config& c) { return c.device == Device::cpu ? 4 : element_size(c.dtype); }
+size_t score_element_size(const Config& c) { return element_size(c.dtype); }
 
 Traffic compulsory_forward(const Config& c) {
   const double e = double(element_size(c.dtype));

@@ -11,8 +11,8 @@ struct Traffic {
   double total() const { return read + write; }
 };
 
-// Bytes of one element of S, P, dP, dS as the standard path stores them on `device`:
-// fp32 on the CPU, the working dtype on CUDA.
+// Bytes of one element of S, P, dP, dS as the standard path stores them: the working dtype
+// (on every device, as a framework computing in that dtype stores them).
 size_t score_element_size(const Config& c);
 
 // Compulsory: every input read once, every output written once.

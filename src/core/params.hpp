@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "flashattn/flashattn.hpp"
 
@@ -26,6 +28,24 @@ struct LseRef {
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
   int64_t offset(int64_t b, int64_t h, int64_t i) const {
     return b * batch_stride + h * head_stride + i * row_stride;
+  }
+};
+
+// Per-stage timings of one call, filled by backends that know their stages (the standard path)
+// when the flashattn program asks for them (`flashattn timeline`); never set by the public API.
+struct StageProfile {
+  struct Stage {
+    std::string name;
+    double seconds = 0, flops = 0, bytes = 0;  // bytes: main-memory traffic the stage implies
+  };
+  std::vector<Stage> stages;
+  void add(const std::string& name, double seconds, double flops, double bytes) {
+    for (Stage& s : stages)
+      if (s.name == name) {
+        s.seconds += seconds, s.flops += flops, s.bytes += bytes;
+        return;
+      }
+    stages.push_back({name, seconds, flops, bytes});
   }
 };
 
@@ -57,6 +77,7 @@ struct Params {
 
   bool deterministic = false;
   void* stream = nullptr;
+  StageProfile* profile = nullptr;  // internal: stage timings for `flashattn timeline`
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
   int64_t group_size() const { return heads / heads_kv; }  // query heads per KV head

@@ -1,0 +1,249 @@
+"""PyTorch integration: custom ops with autograd, fake (meta) kernels and torch.compile support.
+
+    from flashattn.torch import flash_attn_func, sdpa
+    out = flash_attn_func(q, k, v, causal=True)      # (B, S, H, D), FlashAttention's layout
+    out = sdpa(q, k, v, is_causal=True)              # (B, H, S, D), PyTorch's layout
+
+Ops (``torch.ops.flashattn.*``): ``forward`` -> (out, lse) and ``backward`` -> (dq, dk, dv); both
+are opaque to torch.compile (no graph breaks with fullgraph=True) and run on the CPU and on CUDA
+(on PyTorch's current stream). dtypes float16, bfloat16, float32; accumulation is fp32.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _flashattn as _C
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "sdpa", "attention"]
+
+_ALGORITHMS = ("flash", "standard")
+
+
+def _launch_options(q: Tensor, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                    cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
+    stream = 0
+    if q.device.type == "cuda":
+        stream = int(torch.cuda.current_stream(q.device).cuda_stream)
+    return dict(scale=float(scale), causal=bool(causal), window_left=int(window_left),
+                window_right=int(window_right), softcap=float(softcap),
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                algorithm=algorithm, deterministic=bool(deterministic), stream=stream)
+
+
+def _last_dim_contiguous(t: Tensor) -> Tensor:
+    # The core takes any strides but a contiguous last dimension; autograd hands us expanded
+    # (stride-0) gradients at times.
+    if t.stride(-1) != 1 or 0 in t.stride():
+        return t.contiguous()
+    return t
+
+
+def _device_ctx(q: Tensor):
+    if q.device.type == "cuda":
+        return torch.cuda.device(q.device)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# ---- custom ops --------------------------------------------------------------------------------
+@torch.library.custom_op("flashattn::forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window_left: int,
+             window_right: int, softcap: float, cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+             algorithm: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, H, D) in q's dtype and lse (B, H, Sq) float32. scale 0 = 1/sqrt(D).
+    deterministic is used by the backward only (kept here so autograd can pass it on)."""
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    B, Sq, H, D = q.shape
+    out = torch.empty((B, Sq, H, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    opts = _launch_options(q, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
+    with _device_ctx(q):
+        _C.forward(q, k, v, out, lse, **opts)
+    return out, lse
+
+
+@_forward.register_fake
+def _forward_fake(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
+    B, Sq, H, D = q.shape
+    out = q.new_empty((B, Sq, H, D))
+    lse = q.new_empty((B, H, Sq), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashattn::backward", mutates_args=())
+def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+              max_seqlen_k: int, algorithm: str, deterministic: bool
+              ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), dense, in q's dtype."""
+    dout = _last_dim_contiguous(dout)
+    q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
+    out = _last_dim_contiguous(out)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    opts = _launch_options(q, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
+    with _device_ctx(q):
+        _C.backward(q, k, v, out, dout.to(q.dtype), lse, dq, dk, dv, **opts)
+    return dq, dk, dv
+
+
+@_backward.register_fake
+def _backward_fake(dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap,
+                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm,
+                   deterministic):
+    return (q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q, cu_seqlens_k,
+     max_seqlen_q, max_seqlen_k, algorithm, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k,
+                algorithm, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _autograd_backward(ctx, dout, dlse):
+    # lse is returned for inspection and marked non-differentiable: its gradient is ignored.
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k, algorithm,
+     deterministic) = ctx.args
+    dq, dk, dv = torch.ops.flashattn.backward(
+        dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("flashattn::forward", _autograd_backward,
+                                setup_context=_setup_context)
+
+
+# ---- public functions --------------------------------------------------------------------------
+def _check_scale(scale) -> float:
+    if scale is None:
+        return 0.0
+    scale = float(scale)
+    if scale == 0.0:
+        raise ValueError("scale: expected a nonzero value (None = 1/sqrt(head_dim)), got 0.0")
+    return scale
+
+
+def _check_algorithm(algorithm: str) -> str:
+    if algorithm not in _ALGORITHMS:
+        raise ValueError(f"algorithm: expected 'flash' or 'standard', got {algorithm!r}")
+    return algorithm
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+              softcap: float = 0.0, cu_seqlens_q: Optional[Tensor] = None,
+              cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+              max_seqlen_k: Optional[int] = None, return_lse: bool = False,
+              algorithm: str = "flash", deterministic: bool = False):
+    """Differentiable :func:`flashattn.attention` for PyTorch tensors: (B, S, H, D) layout,
+    bottom-right causal/window alignment; returns out, or (out, lse) with return_lse (lse is
+    (B, H, Sq) float32 and not differentiable)."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"{missing}: expected an int32 tensor together with the other cu_seqlens, got None")
+    wl, wr = (int(w) for w in window)
+    out, lse = torch.ops.flashattn.forward(
+        q, k, v, _check_scale(scale), bool(causal), wl, wr, float(softcap), cu_seqlens_q,
+        cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), _check_algorithm(algorithm),
+        bool(deterministic))
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
+                    softmax_scale: Optional[float] = None, causal: bool = False,
+                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False):
+    """FlashAttention's ``flash_attn_func``: q (B, Sq, H, D), k and v (B, Sk, Hkv, D), H % Hkv == 0.
+
+    causal and window_size are aligned bottom-right (query i sees keys j <= i + Sk - Sq), as in
+    FlashAttention >= 2.1. dropout_p > 0 and alibi_slopes are not supported and raise
+    NotImplementedError. With return_attn_probs, returns (out, softmax_lse, None): lse is
+    (B, H, Sq) float32; the attention probabilities are never materialized.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flash_attn_func: dropout_p > 0 is not supported (got {dropout_p})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flash_attn_func: alibi_slopes is not supported")
+    out, lse = attention(q, k, v, causal=causal, scale=softmax_scale, window=window_size,
+                         softcap=softcap, deterministic=deterministic, return_lse=True)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                           causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                           deterministic: bool = False, return_attn_probs: bool = False):
+    """FlashAttention's ``flash_attn_varlen_func``: packed q (total_q, H, D), k and v
+    (total_k, Hkv, D), cu_seqlens_q/k int32 (batch + 1,) on q's device. Returns out
+    (total_q, H, D) [, lse (H, total_q), None]."""
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flash_attn_varlen_func: dropout_p > 0 is not supported (got {dropout_p})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flash_attn_varlen_func: alibi_slopes is not supported")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected 3 dimensions (total_tokens, heads, head_dim), got shape {tuple(t.shape)}")
+    out, lse = attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=causal,
+                         scale=softmax_scale, window=window_size, softcap=softcap,
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                         deterministic=deterministic, return_lse=True)
+    out = out.squeeze(0)
+    return (out, lse.squeeze(0), None) if return_attn_probs else out
+
+
+def sdpa(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+         dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+         enable_gqa: bool = False) -> Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (its layout and mask
+    alignment): query (B, H, Sq, D), key and value (B, Hkv, Sk, D), output (B, H, Sq, D).
+
+    is_causal is aligned TOP-LEFT, as in PyTorch: query i sees keys j <= i, whatever Sq and Sk
+    (unlike flash_attn_func, which aligns bottom-right; the two agree when Sq == Sk). Query heads
+    H != Hkv need enable_gqa=True, as in PyTorch. attn_mask and dropout_p > 0 are not supported
+    and raise NotImplementedError. The output is a (B, H, Sq, D) view of a (B, Sq, H, D) tensor.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("sdpa: attn_mask is not supported (use is_causal or flash_attn_func's window_size)")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"sdpa: dropout_p > 0 is not supported (got {dropout_p})")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dimensions (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"key: expected {query.shape[1]} heads as query (or enable_gqa=True), got {key.shape[1]}")
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    window = (-1, -1)
+    causal = False
+    if is_causal:
+        sq, sk = q.shape[1], k.shape[1]
+        if sq <= sk:
+            # Keys j >= Sq are seen by no query: top-left causal on (Sq, Sk) is the (square,
+            # bottom-right == top-left) causal attention on the first Sq keys.
+            k, v = k[:, :sq], v[:, :sq]
+            causal = True
+        else:
+            # Bottom-right diagonal i + Sk - Sq moved right by Sq - Sk keys: j <= i.
+            window = (-1, sq - sk)
+    out = attention(q, k, v, causal=causal, scale=scale, window=window)
+    return out.transpose(1, 2)

@@ -1,0 +1,365 @@
+// flashattn._flashattn: the nanobind extension behind the `flashattn` Python package.
+//
+// Zero-copy: every array arrives through nanobind's ndarray (DLPack or the buffer protocol) and is
+// handed to the C++ API as a non-owning flashattn::Tensor with the caller's strides. Outputs are
+// allocated by the Python layer (python/flashattn/_api.py, torch.py) and written in place here.
+//
+// The binding checks only what the C++ API cannot see (Python-side dtype/device descriptors, the
+// number of dimensions, the device ordinal, cu_seqlens arrays); everything else — shapes, strides,
+// head counts, option values — is checked once by the library (src/core), whose flashattn::Error
+// becomes ValueError or TypeError here. Nothing is written when an error is raised.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cctype>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashattn/flashattn.hpp"
+
+namespace nb = nanobind;
+namespace fa = flashattn;
+
+namespace {
+
+using InArray = nb::ndarray<nb::ro>;  // read-only is fine for inputs
+using OutArray = nb::ndarray<>;       // outputs must be writable
+
+// ---- errors --------------------------------------------------------------------------------
+// The binding's own rejections: raised as Python exceptions directly.
+struct TypeErr : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct ValueErr : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// flashattn::Error carries no kind. Its messages read "flashattn::<call>: <arg>: expected <what>,
+// got <...>" (src/core/check.cpp): what is expected of a dtype or a device (memory space) makes a
+// TypeError, anything else (shapes, strides, values) a ValueError.
+bool is_type_message(const std::string& msg) {
+  const std::string m = lower(msg);
+  const std::string key = ": expected ";
+  const size_t at = m.find(key);
+  if (at == std::string::npos)
+    return m.find("dtype") != std::string::npos || m.find("device") != std::string::npos;
+  const std::string what = m.substr(at + key.size());
+  return what.rfind("dtype", 0) == 0 || what.rfind("device", 0) == 0 ||
+         what.find("host memory") != std::string::npos ||
+         what.find("device memory") != std::string::npos;
+}
+
+// ---- descriptors ---------------------------------------------------------------------------
+std::string dtype_name(nb::dlpack::dtype dt) {
+  using C = nb::dlpack::dtype_code;
+  std::string base;
+  switch (C(dt.code)) {
+    case C::Int: base = "int"; break;
+    case C::UInt: base = "uint"; break;
+    case C::Float: base = "float"; break;
+    case C::Bfloat: base = "bfloat"; break;
+    case C::Complex: base = "complex"; break;
+    case C::Bool: return "bool";
+    default: base = "dlpack_code" + std::to_string(int(dt.code)) + "_"; break;
+  }
+  std::string s = base + std::to_string(int(dt.bits));
+  if (dt.lanes != 1) s += "x" + std::to_string(int(dt.lanes));
+  return s;
+}
+
+std::string device_name(int type, int id) {
+  switch (type) {
+    case nb::device::cpu::value: return "cpu";
+    case nb::device::cuda::value: return "cuda:" + std::to_string(id);
+    case nb::device::cuda_host::value: return "cuda_host (pinned host memory)";
+    case nb::device::cuda_managed::value: return "cuda_managed";
+    case nb::device::rocm::value: return "rocm:" + std::to_string(id);
+    case nb::device::metal::value: return "metal";
+    default: return "dlpack_device" + std::to_string(type);
+  }
+}
+
+template <class A>
+std::string shape_string(const A& a) {
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(a.shape(i));
+  }
+  if (a.ndim() == 1) s += ",";
+  return s + ")";
+}
+
+template <class A>
+fa::DType to_dtype(const char* name, const A& a, bool uint16_is_bf16) {
+  const nb::dlpack::dtype dt = a.dtype();
+  using C = nb::dlpack::dtype_code;
+  if (dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(C::Float)) return fa::DType::f32;
+  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(C::Float)) return fa::DType::f16;
+  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(C::Bfloat)) return fa::DType::bf16;
+  if (uint16_is_bf16 && dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(C::UInt))
+    return fa::DType::bf16;
+  throw TypeErr(std::string(name) + ": expected dtype float32, float16 or bfloat16, got " +
+                dtype_name(dt));
+}
+
+struct Where {
+  fa::Device device;
+  int id;
+};
+
+template <class A>
+Where to_device(const char* name, const A& a) {
+  if (a.device_type() == nb::device::cpu::value) return {fa::Device::cpu, 0};
+  if (a.device_type() == nb::device::cuda::value) return {fa::Device::cuda, a.device_id()};
+  throw TypeErr(std::string(name) + ": expected a cpu or cuda array, got one on " +
+                device_name(a.device_type(), a.device_id()));
+}
+
+// A (batch, seqlen, heads, head_dim) array as a non-owning Tensor.
+template <class A>
+fa::Tensor to_tensor(const char* name, const A& a, bool uint16_is_bf16, const Where* ref,
+                     const char* ref_name) {
+  if (a.ndim() != 4)
+    throw ValueErr(std::string(name) +
+                   ": expected 4 dimensions (batch, seqlen, heads, head_dim), got shape " +
+                   shape_string(a));
+  fa::Tensor t;
+  t.dtype = to_dtype(name, a, uint16_is_bf16);
+  const Where w = to_device(name, a);
+  if (ref && (w.device != ref->device || w.id != ref->id))
+    throw TypeErr(std::string(name) + ": expected an array on the same device as " + ref_name +
+                  " (" + device_name(ref->device == fa::Device::cpu ? 1 : 2, ref->id) +
+                  "), got one on " + device_name(a.device_type(), a.device_id()));
+  t.device = w.device;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = int64_t(a.shape(i));
+    t.strides[i] = a.stride(i);
+  }
+  return t;
+}
+
+// The fp32 log-sum-exp, (batch, heads, seqlen_q) in Python, (batch, heads, seqlen_q, 1) in C++.
+template <class A>
+fa::Tensor to_lse(const char* name, const A& a, const Where& ref) {
+  if (a.ndim() != 3)
+    throw ValueErr(std::string(name) + ": expected 3 dimensions (batch, heads, seqlen_q), got shape " +
+                   shape_string(a));
+  const nb::dlpack::dtype dt = a.dtype();
+  if (!(dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)))
+    throw TypeErr(std::string(name) + ": expected dtype float32, got " + dtype_name(dt));
+  const Where w = to_device(name, a);
+  if (w.device != ref.device || w.id != ref.id)
+    throw TypeErr(std::string(name) + ": expected an array on the same device as q (" +
+                  device_name(ref.device == fa::Device::cpu ? 1 : 2, ref.id) + "), got one on " +
+                  device_name(a.device_type(), a.device_id()));
+  fa::Tensor t;
+  t.dtype = fa::DType::f32;
+  t.device = w.device;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  for (int i = 0; i < 3; ++i) {
+    t.shape[i] = int64_t(a.shape(i));
+    t.strides[i] = a.stride(i);
+  }
+  t.shape[3] = 1;
+  t.strides[3] = 1;
+  return t;
+}
+
+// int32 prefix sums, one dimension, contiguous, in the memory the backend reads (host for the
+// CPU backend, device memory for CUDA: same device as q).
+const int32_t* to_cu_seqlens(const char* name, const std::optional<InArray>& a, const Where& ref) {
+  if (!a) return nullptr;
+  const nb::dlpack::dtype dt = a->dtype();
+  if (!(dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Int)))
+    throw TypeErr(std::string(name) + ": expected dtype int32, got " + dtype_name(dt));
+  if (a->ndim() != 1)
+    throw ValueErr(std::string(name) + ": expected 1 dimension (batch + 1 prefix sums), got shape " +
+                   shape_string(*a));
+  if (a->shape(0) < 2)
+    throw ValueErr(std::string(name) + ": expected at least 2 entries (batch + 1), got " +
+                   std::to_string(a->shape(0)));
+  if (a->shape(0) > 1 && a->stride(0) != 1)
+    throw ValueErr(std::string(name) + ": expected a contiguous array, got stride " +
+                   std::to_string(a->stride(0)));
+  const Where w = to_device(name, *a);
+  if (w.device != ref.device || w.id != ref.id)
+    throw TypeErr(std::string(name) + ": expected an array on the same device as q (" +
+                  device_name(ref.device == fa::Device::cpu ? 1 : 2, ref.id) +
+                  (ref.device == fa::Device::cpu ? ", host memory for the CPU backend"
+                                                 : ", device memory for the CUDA backend") +
+                  "), got one on " + device_name(a->device_type(), a->device_id()));
+  return static_cast<const int32_t*>(a->data());
+}
+
+fa::Algorithm to_algorithm(const std::string& s) {
+  if (s == "flash") return fa::Algorithm::flash;
+  if (s == "standard") return fa::Algorithm::standard;
+  throw ValueErr("algorithm: expected 'flash' or 'standard', got '" + s + "'");
+}
+
+struct PyOptions {
+  double scale = 0;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  double softcap = 0;
+  std::optional<InArray> cu_seqlens_q, cu_seqlens_k;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  std::string algorithm = "flash";
+  bool deterministic = false;
+  uintptr_t stream = 0;
+};
+
+fa::Options to_options(const PyOptions& o, const Where& ref) {
+  fa::Options opt;
+  opt.scale = float(o.scale);
+  opt.causal = o.causal;
+  opt.window_left = o.window_left;
+  opt.window_right = o.window_right;
+  opt.softcap = float(o.softcap);
+  opt.cu_seqlens_q = to_cu_seqlens("cu_seqlens_q", o.cu_seqlens_q, ref);
+  opt.cu_seqlens_k = to_cu_seqlens("cu_seqlens_k", o.cu_seqlens_k, ref);
+  if (o.cu_seqlens_q && o.cu_seqlens_k && o.cu_seqlens_q->shape(0) != o.cu_seqlens_k->shape(0))
+    throw ValueErr("cu_seqlens_k: expected as many entries as cu_seqlens_q (" +
+                   std::to_string(o.cu_seqlens_q->shape(0)) + "), got " +
+                   std::to_string(o.cu_seqlens_k->shape(0)));
+  opt.varlen_batch = o.cu_seqlens_q ? int(o.cu_seqlens_q->shape(0)) - 1 : 0;
+  opt.max_seqlen_q = o.max_seqlen_q;
+  opt.max_seqlen_k = o.max_seqlen_k;
+  opt.algorithm = to_algorithm(o.algorithm);
+  opt.deterministic = o.deterministic;
+  opt.stream = reinterpret_cast<void*>(o.stream);
+  return opt;
+}
+
+void forward(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+             const std::optional<OutArray>& lse, bool uint16_is_bf16, const PyOptions& o) {
+  const fa::Tensor tq = to_tensor("q", q, uint16_is_bf16, nullptr, nullptr);
+  const Where ref{tq.device, tq.device == fa::Device::cuda ? q.device_id() : 0};
+  const fa::Tensor tk = to_tensor("k", k, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tv = to_tensor("v", v, uint16_is_bf16, &ref, "q");
+  const fa::Tensor to = to_tensor("out", out, uint16_is_bf16, &ref, "q");
+  std::optional<fa::Tensor> tl;
+  if (lse) tl = to_lse("lse", *lse, ref);
+  const fa::Options opt = to_options(o, ref);
+  nb::gil_scoped_release release;
+  fa::forward(tq, tk, tv, to, tl ? &*tl : nullptr, opt);
+}
+
+void backward(const InArray& q, const InArray& k, const InArray& v, const InArray& out,
+              const InArray& dout, const InArray& lse, const OutArray& dq, const OutArray& dk,
+              const OutArray& dv, bool uint16_is_bf16, const PyOptions& o) {
+  const fa::Tensor tq = to_tensor("q", q, uint16_is_bf16, nullptr, nullptr);
+  const Where ref{tq.device, tq.device == fa::Device::cuda ? q.device_id() : 0};
+  const fa::Tensor tk = to_tensor("k", k, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tv = to_tensor("v", v, uint16_is_bf16, &ref, "q");
+  const fa::Tensor to = to_tensor("out", out, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tdo = to_tensor("dout", dout, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tl = to_lse("lse", lse, ref);
+  const fa::Tensor tdq = to_tensor("dq", dq, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tdk = to_tensor("dk", dk, uint16_is_bf16, &ref, "q");
+  const fa::Tensor tdv = to_tensor("dv", dv, uint16_is_bf16, &ref, "q");
+  const fa::Options opt = to_options(o, ref);
+  nb::gil_scoped_release release;
+  fa::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, opt);
+}
+
+}  // namespace
+
+NB_MODULE(_flashattn, m) {
+  m.doc() = "flashattn C++ core (internal; use the `flashattn` package)";
+#ifdef FLASHATTN_VERSION
+  m.attr("__version__") = FLASHATTN_VERSION;
+#endif
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const TypeErr& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const ValueErr& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const fa::Error& e) {
+      PyErr_SetString(is_type_message(e.what()) ? PyExc_TypeError : PyExc_ValueError, e.what());
+    }
+  });
+
+  // Options as keyword-only arguments (defaults as in flashattn::Options).
+  auto opts = [](double scale, bool causal, int window_left, int window_right, double softcap,
+                 std::optional<InArray> cu_seqlens_q, std::optional<InArray> cu_seqlens_k,
+                 int max_seqlen_q, int max_seqlen_k, std::string algorithm, bool deterministic,
+                 uintptr_t stream) {
+    PyOptions o;
+    o.scale = scale;
+    o.causal = causal;
+    o.window_left = window_left;
+    o.window_right = window_right;
+    o.softcap = softcap;
+    o.cu_seqlens_q = std::move(cu_seqlens_q);
+    o.cu_seqlens_k = std::move(cu_seqlens_k);
+    o.max_seqlen_q = max_seqlen_q;
+    o.max_seqlen_k = max_seqlen_k;
+    o.algorithm = std::move(algorithm);
+    o.deterministic = deterministic;
+    o.stream = stream;
+    return o;
+  };
+
+  m.def(
+      "forward",
+      [opts](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+             const std::optional<OutArray>& lse, double scale, bool causal, int window_left,
+             int window_right, double softcap, std::optional<InArray> cu_seqlens_q,
+             std::optional<InArray> cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
+             std::string algorithm, bool deterministic, uintptr_t stream, bool uint16_is_bf16) {
+        forward(q, k, v, out, lse, uint16_is_bf16,
+                opts(scale, causal, window_left, window_right, softcap, std::move(cu_seqlens_q),
+                     std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(algorithm),
+                     deterministic, stream));
+      },
+      nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::arg("lse").noconvert().none(), nb::kw_only(),
+      nb::arg("scale") = 0.0, nb::arg("causal") = false, nb::arg("window_left") = -1,
+      nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
+      nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
+      nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+      nb::arg("max_seqlen_k") = 0, nb::arg("algorithm") = "flash",
+      nb::arg("deterministic") = false, nb::arg("stream") = 0, nb::arg("uint16_is_bf16") = false,
+      "Writes out (and lse when given) in place. Arrays (B, S, H, D); lse (B, H, Sq) float32.");
+
+  m.def(
+      "backward",
+      [opts](const InArray& q, const InArray& k, const InArray& v, const InArray& out,
+             const InArray& dout, const InArray& lse, const OutArray& dq, const OutArray& dk,
+             const OutArray& dv, double scale, bool causal, int window_left, int window_right,
+             double softcap, std::optional<InArray> cu_seqlens_q,
+             std::optional<InArray> cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
+             std::string algorithm, bool deterministic, uintptr_t stream, bool uint16_is_bf16) {
+        backward(q, k, v, out, dout, lse, dq, dk, dv, uint16_is_bf16,
+                 opts(scale, causal, window_left, window_right, softcap, std::move(cu_seqlens_q),
+                      std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(algorithm),
+                      deterministic, stream));
+      },
+      nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
+      nb::arg("out").noconvert(), nb::arg("dout").noconvert(), nb::arg("lse").noconvert(),
+      nb::arg("dq").noconvert(), nb::arg("dk").noconvert(), nb::arg("dv").noconvert(),
+      nb::kw_only(), nb::arg("scale") = 0.0, nb::arg("causal") = false,
+      nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
+      nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
+      nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q") = 0,
+      nb::arg("max_seqlen_k") = 0, nb::arg("algorithm") = "flash",
+      nb::arg("deterministic") = false, nb::arg("stream") = 0, nb::arg("uint16_is_bf16") = false,
+      "Writes dq, dk, dv in place.");
+  m.def("cuda_available", &fa::cuda_available,
+        "True when this build holds the CUDA backend and a CUDA device is present.");
+  m.def("build_info", &fa::build_info, "What this build holds (backends, architectures).");
+}

@@ -30,6 +30,16 @@ constexpr int kRows = 64;  // query rows per block of a pass
 constexpr int kKeys = 64;  // keys per tile of the P·V-like products
 constexpr float kLn2 = 0.69314718055994530942f;
 
+// Runs one pass and, when the caller asked for a profile, records its time, FLOPs and the
+// main-memory bytes it implies.
+template <class Fn>
+void stage(const Params& p, const char* name, double flops, double bytes, Fn&& fn) {
+  if (!p.profile) return fn();
+  const double t0 = omp_get_wtime();
+  fn();
+  p.profile->add(name, omp_get_wtime() - t0, flops, bytes);
+}
+
 // K and V of one (sequence, KV head) in the fp32 layouts the tile GEMMs take. O(Nk·d) memory.
 struct KvHead {
   int64_t nk_pad = 0;
@@ -156,10 +166,15 @@ void standard_forward(const Params& p) {
     S.allocate(sp.q_len, sp.k_len, p.dtype);
     P.allocate(sp.q_len, sp.k_len, p.dtype);
     for (int64_t h = 0; h < p.heads; ++h) {
+      const double e = double(dtype_bytes(p.dtype)), nn = double(sp.q_len) * double(sp.k_len);
+      const double qd = double(sp.q_len * p.head_dim), kd = double(sp.k_len * p.head_dim);
       if (h % G == 0) kv.load(p, tk, sp, h / G, false);
-      pass_scores(p, tk, sp, h, kv, S);
-      pass_softmax(p, tk, sp.q_len, S, P, lse.data());
-      pass_rows_times(p, tk, sp, h, P, kv.v.data(), 1.0f, p.out);
+      stage(p, "S = scale·QKᵀ  (write S)", 2 * nn * double(p.head_dim), e * (qd + kd + nn),
+            [&] { pass_scores(p, tk, sp, h, kv, S); });
+      stage(p, "P = softmax(S) (read S, write P)", 0, 2 * e * nn,
+            [&] { pass_softmax(p, tk, sp.q_len, S, P, lse.data()); });
+      stage(p, "O = P·V        (read P)", 2 * nn * double(p.head_dim), e * (nn + kd + qd),
+            [&] { pass_rows_times(p, tk, sp, h, P, kv.v.data(), 1.0f, p.out); });
       if (p.lse.data)
         for (int64_t i = 0; i < sp.q_len; ++i) p.lse.data[p.lse.offset(sp.batch_index, h, sp.q_start + i)] = lse[size_t(i)];
     }
@@ -186,66 +201,79 @@ void standard_backward(const Params& p) {
       std::fill(dk.data(), dk.data() + dk.size(), 0.0f);
       std::fill(dv.data(), dv.data() + dv.size(), 0.0f);
       for (int64_t h = hk * G; h < (hk + 1) * G && nq > 0; ++h) {
+        const double e = double(esz), nn = double(nq) * double(nk), qd = double(nq * d), kd = double(nk * d);
         // Recompute S and P (materialized again).
-        pass_scores(p, tk, sp, h, kv, S);
-        pass_softmax(p, tk, nq, S, P, lse.data());
+        stage(p, "S = scale·QKᵀ  (write S)", 2 * nn * double(d), e * (qd + kd + nn), [&] { pass_scores(p, tk, sp, h, kv, S); });
+        stage(p, "P = softmax(S) (read S, write P)", 0, 2 * e * nn, [&] { pass_softmax(p, tk, nq, S, P, lse.data()); });
+        stage(p, "D = rowsum(dO∘O), dP = dO·Vᵀ (write dP)", 2 * nn * double(d), e * (3 * qd + kd + nn), [&] {
 #pragma omp parallel
-        {
-          Scratch<float> o{size_t(d_pad)}, g{size_t(kRows * d_pad)}, s{size_t(kRows * kv.nk_pad)};
-          Scratch<float> prow(size_t(kv.nk_pad)), trow(size_t(kv.nk_pad));
-          Scratch<float> ds_tile(size_t(kRows * kKeys)), p_tile(ds_tile.size()), q_tile(size_t(kRows * d_pad));
-          // D = rowsum(dO ∘ O)
+          {
+            Scratch<float> o{size_t(d_pad)}, g{size_t(kRows * d_pad)}, s{size_t(kRows * kv.nk_pad)};
 #pragma omp for schedule(static)
-          for (int64_t i = 0; i < nq; ++i) {
-            load_rows(p, tk, p.out, sp, sp.q_start, h, i, 1, 1.0f, o.data(), d_pad);
-            load_rows(p, tk, p.dout, sp, sp.q_start, h, i, 1, 1.0f, g.data(), d_pad);
-            D[size_t(i)] = tk.dot(o.data(), g.data(), int(d));
-          }
-          // dP = dO Vᵀ, written
-#pragma omp for schedule(static)
-          for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
-            const int mq = int(std::min<int64_t>(kRows, nq - i0));
-            load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, g.data(), d_pad);
-            tk.gemm(mq, int(kv.nk_pad), int(d), g.data(), d_pad, 1, kv.vt.data(), kv.nk_pad, s.data(), kv.nk_pad,
-                    nullptr, false);
-            for (int r = 0; r < mq; ++r) tk.store(s.data() + r * kv.nk_pad, int(nk), 1.0f, p.dtype, dP.row(i0 + r));
-          }
-          // dS = P ∘ (dP − D) (through softcap's tanh: t = capped score / cap), written over dP
-#pragma omp for schedule(static)
-          for (int64_t i = 0; i < nq; ++i) {
-            tk.load(P.row(i), p.dtype, int(nk), 1.0f, prow.data());
-            tk.load(dP.row(i), p.dtype, int(nk), 1.0f, s.data());
-            const float* t = nullptr;
-            if (p.softcap > 0) {
-              tk.load(S.row(i), p.dtype, int(nk), 1.0f / (kLog2e * p.softcap), trow.data());
-              for (int64_t j = 0; j < nk; ++j)
-                if (trow[size_t(j)] == ninf) trow[size_t(j)] = 0.0f;  // masked: P = 0 there anyway
-              t = trow.data();
+            for (int64_t i = 0; i < nq; ++i) {
+              load_rows(p, tk, p.out, sp, sp.q_start, h, i, 1, 1.0f, o.data(), d_pad);
+              load_rows(p, tk, p.dout, sp, sp.q_start, h, i, 1, 1.0f, g.data(), d_pad);
+              D[size_t(i)] = tk.dot(o.data(), g.data(), int(d));
             }
-            tk.dsoftmax(prow.data(), s.data(), D[size_t(i)], t, int(nk), s.data());
-            tk.store(s.data(), int(nk), 1.0f, p.dtype, dP.row(i));
-          }
-          // dK += dSᵀ Q, dV += Pᵀ dO: per key tile over all query tiles (each thread owns its key rows)
 #pragma omp for schedule(static)
-          for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
-            const int nt = int(std::min<int64_t>(kKeys, nk - j0));
             for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
               const int mq = int(std::min<int64_t>(kRows, nq - i0));
-              for (int r = 0; r < mq; ++r) {
-                tk.load(dP.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, ds_tile.data() + r * kKeys);
-                tk.load(P.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, p_tile.data() + r * kKeys);
-              }
-              load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, 1.0f, q_tile.data(), d_pad);
               load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, g.data(), d_pad);
-              tk.gemm(nt, int(d_pad), mq, ds_tile.data(), 1, kKeys, q_tile.data(), d_pad, dk.data() + j0 * d_pad, d_pad,
-                      nullptr, true);
-              tk.gemm(nt, int(d_pad), mq, p_tile.data(), 1, kKeys, g.data(), d_pad, dv.data() + j0 * d_pad, d_pad,
-                      nullptr, true);
+              tk.gemm(mq, int(kv.nk_pad), int(d), g.data(), d_pad, 1, kv.vt.data(), kv.nk_pad, s.data(), kv.nk_pad,
+                      nullptr, false);
+              for (int r = 0; r < mq; ++r) tk.store(s.data() + r * kv.nk_pad, int(nk), 1.0f, p.dtype, dP.row(i0 + r));
             }
           }
-        }
+        });
+        // dS = P ∘ (dP − D) (through softcap's tanh: t = capped score / cap), written over dP
+        stage(p, "dS = P∘(dP−D)  (read P, dP; write dS)", 0, (p.softcap > 0 ? 4 : 3) * e * nn, [&] {
+#pragma omp parallel
+          {
+            Scratch<float> prow{size_t(kv.nk_pad)}, trow{size_t(kv.nk_pad)}, s{size_t(kv.nk_pad)};
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < nq; ++i) {
+              tk.load(P.row(i), p.dtype, int(nk), 1.0f, prow.data());
+              tk.load(dP.row(i), p.dtype, int(nk), 1.0f, s.data());
+              const float* t = nullptr;
+              if (p.softcap > 0) {
+                tk.load(S.row(i), p.dtype, int(nk), 1.0f / (kLog2e * p.softcap), trow.data());
+                for (int64_t j = 0; j < nk; ++j)
+                  if (trow[size_t(j)] == ninf) trow[size_t(j)] = 0.0f;  // masked: P = 0 there anyway
+                t = trow.data();
+              }
+              tk.dsoftmax(prow.data(), s.data(), D[size_t(i)], t, int(nk), s.data());
+              tk.store(s.data(), int(nk), 1.0f, p.dtype, dP.row(i));
+            }
+          }
+        });
+        // dK += dSᵀ Q, dV += Pᵀ dO: per key tile over all query tiles (each thread owns its key rows)
+        stage(p, "dK += dSᵀ·Q, dV += Pᵀ·dO (read dS, P)", 4 * nn * double(d), e * (2 * nn + 2 * qd + 2 * kd), [&] {
+#pragma omp parallel
+          {
+            Scratch<float> g{size_t(kRows * d_pad)}, q_tile{size_t(kRows * d_pad)};
+            Scratch<float> ds_tile{size_t(kRows * kKeys)}, p_tile{size_t(kRows * kKeys)};
+#pragma omp for schedule(static)
+            for (int64_t j0 = 0; j0 < nk; j0 += kKeys) {
+              const int nt = int(std::min<int64_t>(kKeys, nk - j0));
+              for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
+                const int mq = int(std::min<int64_t>(kRows, nq - i0));
+                for (int r = 0; r < mq; ++r) {
+                  tk.load(dP.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, ds_tile.data() + r * kKeys);
+                  tk.load(P.row(i0 + r) + size_t(j0) * esz, p.dtype, nt, 1.0f, p_tile.data() + r * kKeys);
+                }
+                load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, 1.0f, q_tile.data(), d_pad);
+                load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, g.data(), d_pad);
+                tk.gemm(nt, int(d_pad), mq, ds_tile.data(), 1, kKeys, q_tile.data(), d_pad, dk.data() + j0 * d_pad,
+                        d_pad, nullptr, true);
+                tk.gemm(nt, int(d_pad), mq, p_tile.data(), 1, kKeys, g.data(), d_pad, dv.data() + j0 * d_pad, d_pad,
+                        nullptr, true);
+              }
+            }
+          }
+        });
         // dQ = scale·dS K (dS read back once more)
-        pass_rows_times(p, tk, sp, h, dP, kv.k.data(), p.scale, p.dq);
+        stage(p, "dQ = scale·dS·K (read dS)", 2 * nn * double(d), e * (nn + kd + qd),
+              [&] { pass_rows_times(p, tk, sp, h, dP, kv.k.data(), p.scale, p.dq); });
       }
       if (nq == 0)  // no query: dq has no rows; dk, dv are 0
         std::fill(dk.data(), dk.data() + dk.size(), 0.0f);

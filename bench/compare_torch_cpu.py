@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""CPU comparison: flashattn's CPU flash path vs PyTorch's CPU flash attention, same machine, same run.
+
+Shapes of issue 2's bar: fp32, B=1, H=8, N=4096, head_dim 64 and 128, causal and not, forward and
+backward; at each thread count given. FLOPs: forward 4·B·H·N²·d (half for causal), backward 2.5x.
+Our numbers come from `flashattn bench --json` run with OMP_NUM_THREADS; PyTorch's from
+scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION with torch.set_num_threads.
+
+usage: compare_torch_cpu.py --flashattn build/tools/flashattn --threads 2 16 [--seqlen 4096]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+
+def torch_rates(threads, n, d, causal, heads, reps):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = (torch.randn(1, heads, n, d, generator=g, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, heads, n, d, generator=g)
+    flops = 4 * heads * n * n * d / (2 if causal else 1)
+
+    def fwd():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def fwd_bwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        o.backward(dout)
+
+    def median_s(fn):
+        fn()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    tf = median_s(fwd)
+    tfb = median_s(fwd_bwd)
+    return flops / tf / 1e9, 2.5 * flops / max(tfb - tf, 1e-9) / 1e9
+
+
+def ours(binary, threads, n, heads, reps):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="close", OMP_PLACES="cores")
+    out = subprocess.run([binary, "bench", "--device", "cpu", "--dtype", "f32", "-N", str(n), "-d", "64", "128",
+                          "--heads", str(heads), "--causal", "both", "--backward", "--check-rows", "2",
+                          "--reps", str(reps), "--json"], env=env, check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    return {(r["head_dim"], r["causal"]): (r["fwd_flops_per_s"] / 1e9, r["bwd_flops_per_s"] / 1e9, r.get("ok", True))
+            for r in rows}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flashattn", required=True)
+    ap.add_argument("--threads", type=int, nargs="+", default=[2, 16])
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    print("threads d causal | ours fwd GFLOP/s torch fwd ratio | ours bwd torch bwd ratio | check")
+    for t in a.threads:
+        mine = ours(a.flashattn, t, a.seqlen, a.heads, a.reps)
+        for d in (64, 128):
+            for causal in (False, True):
+                tf, tb = torch_rates(t, a.seqlen, d, causal, a.heads, a.reps)
+                of, ob, ok = mine[(d, causal)]
+                print(f"{t:7d} {d:3d} {'yes' if causal else 'no':>6} | {of:8.1f} {tf:8.1f} {of / tf:5.2f}x | "
+                      f"{ob:8.1f} {tb:8.1f} {ob / tb:5.2f}x | {'ok' if ok else 'FAIL'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

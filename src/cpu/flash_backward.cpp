@@ -1,0 +1,202 @@
+// CPU flash backward: dQ, dK, dV from Q, K, V, O, dO and the forward's LSE, recomputing P tile by
+// tile (no N×N buffer anywhere).
+//
+// Per (key tile, query tile), with D_i = rowsum(dO_i ∘ O_i) and lse in log2 units:
+//   S  = (scale·log2e·Q) Kᵀ  (+softcap, mask)     (kBlockM, kBlockN)
+//   P  = exp2(S − lse2)                            (kBlockM, kBlockN)
+//   dP = dO Vᵀ                                     (kBlockM, kBlockN)
+//   dS = P ∘ (dP − D) [∘ (1 − tanh²) with softcap]
+//   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K         (scale folded in at the stores)
+//
+// Threading and determinism (no atomics; bitwise identical for any thread count or schedule):
+// work unit = (batch, KV head, key chunk c). The key tiles of a (batch, KV head) pair are dealt
+// round-robin to kChunks chunks (tile t goes to chunk t % kChunks, which balances causal work).
+// A unit owns its key tiles' dK/dV outright: it sums over the query heads sharing the KV head
+// (GQA) and over query tiles in a fixed order and stores them once. dQ, which every key tile
+// touches, goes to the unit's private fp32 accumulator (group heads × q_len × d_pad); after the
+// parallel loop each dQ row is summed over c = 0, 1, … in that order and stored with the scale.
+// kChunks depends on the shape only (never on the thread count): enough units for the threads
+// while the extra memory, kChunks × |dQ| in fp32, stays linear in N.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "cpu/flash_common.hpp"
+#include "cpu/isa.hpp"
+
+namespace flashattn::cpu {
+
+namespace {
+
+// Units wanted: shape-derived, so results never depend on the number of threads.
+constexpr int64_t kTargetUnits = 16;
+constexpr int64_t kMaxChunks = 8;
+
+struct BackwardScratch {
+  int64_t d_pad;
+  detail::Scratch<float> k, kt, vtmp, vt, q, dout, orow, s, ds, t, dk, dv, dsum, lse2;
+  std::vector<KeyRange> range;
+  BackwardScratch(int64_t d, int64_t d_pad_)
+      : d_pad(d_pad_),
+        k(zeroed(size_t(BwdTiles::kBlockN * d_pad_))),
+        kt(zeroed(size_t(d * BwdTiles::kBlockN))),
+        vtmp(zeroed(size_t(BwdTiles::kBlockN * d_pad_))),
+        vt(zeroed(size_t(d * BwdTiles::kBlockN))),
+        q(zeroed(size_t(BwdTiles::kBlockM * d_pad_))),
+        dout(zeroed(size_t(BwdTiles::kBlockM * d_pad_))),
+        orow(zeroed(size_t(d_pad_))),
+        s(zeroed(size_t(BwdTiles::kBlockM * BwdTiles::kBlockN))),
+        ds(zeroed(size_t(BwdTiles::kBlockM * BwdTiles::kBlockN))),
+        t(zeroed(size_t(BwdTiles::kBlockM * BwdTiles::kBlockN))),
+        dk(zeroed(size_t(BwdTiles::kBlockN * d_pad_))),
+        dv(zeroed(size_t(BwdTiles::kBlockN * d_pad_))),
+        dsum(zeroed(BwdTiles::kBlockM)),
+        lse2(zeroed(BwdTiles::kBlockM)),
+        range(BwdTiles::kBlockM) {}
+};
+
+// One (key tile, query tile) step for query head h: updates w.dk, w.dv and dq_acc rows [i0, i0+mq).
+void backward_step(const detail::Params& p, const TileKernels& tk, const detail::SeqSpan& sp,
+                   int64_t h, int64_t j0, int nk, int64_t i0, int mq, float qmult, float* dq_acc,
+                   BackwardScratch& w) {
+  constexpr int BM = BwdTiles::kBlockM, BN = BwdTiles::kBlockN;
+  (void)BM;
+  const int d = int(p.head_dim);
+  const int64_t d_pad = w.d_pad;
+  const int nk_pad = int(pad_n(nk));
+  const bool capped = p.softcap > 0;
+  const size_t esz = dtype_bytes(p.dtype);
+
+  load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, qmult, w.q.data(), d_pad);
+  load_rows(p, tk, p.dout, sp, sp.q_start, h, i0, mq, 1.0f, w.dout.data(), d_pad);
+  const char* obase = static_cast<const char*>(p.out.data);
+  for (int r = 0; r < mq; ++r) {
+    const int64_t i = sp.q_start + i0 + r;
+    tk.load(obase + p.out.offset(sp.batch_index, i, h) * int64_t(esz), p.dtype, d, 1.0f, w.orow.data());
+    w.dsum[r] = tk.dot(&w.dout[size_t(r * d_pad)], w.orow.data(), d);
+    w.lse2[r] = p.lse.data[p.lse.offset(sp.batch_index, h, i)] * kLog2e;
+    w.range[r] = detail::visible_keys(p, i0 + r, sp.q_len, sp.k_len);
+  }
+
+  float* sS = w.s.data();   // S, then P
+  float* sdS = w.ds.data();  // dP, then dS
+  float* sT = capped ? w.t.data() : nullptr;
+  tk.gemm(mq, nk_pad, d, w.q.data(), d_pad, 1, w.kt.data(), BN, sS, BN, nullptr, false);
+  if (capped)
+    for (int r = 0; r < mq; ++r) tk.softcap(sS + r * BN, nk, p.softcap, kLog2e, sT + r * BN);
+  mask_tile(w.range.data(), mq, j0, nk, sS, BN);
+  for (int r = 0; r < mq; ++r) {
+    float* row = sS + r * BN;
+    if (w.lse2[r] == -std::numeric_limits<float>::infinity()) std::fill(row, row + nk, 0.0f);  // row sees no key
+    else tk.exp2_sum(row, nk, w.lse2[r]);
+  }
+  tk.gemm(mq, nk_pad, d, w.dout.data(), d_pad, 1, w.vt.data(), BN, sdS, BN, nullptr, false);
+  for (int r = 0; r < mq; ++r)
+    tk.dsoftmax(sS + r * BN, sdS + r * BN, w.dsum[r], sT ? sT + r * BN : nullptr, nk, sdS + r * BN);
+
+  // dV += Pᵀ dO and dK += dSᵀ Q: (nk, d_pad), A read through the transposed view (rsa 1, csa BN).
+  tk.gemm(nk, int(d_pad), mq, sS, 1, BN, w.dout.data(), d_pad, w.dv.data(), d_pad, nullptr, true);
+  tk.gemm(nk, int(d_pad), mq, sdS, 1, BN, w.q.data(), d_pad, w.dk.data(), d_pad, nullptr, true);
+  // dQ += dS K: (mq, d_pad)
+  tk.gemm(mq, int(d_pad), nk, sdS, BN, 1, w.k.data(), d_pad, dq_acc + i0 * d_pad, d_pad, nullptr, true);
+}
+
+}  // namespace
+
+void flash_backward(const detail::Params& p) {
+  constexpr int BM = BwdTiles::kBlockM, BN = BwdTiles::kBlockN;
+  const TileKernels& tk = tile_kernels();
+  const int64_t d = p.head_dim, d_pad = pad_n(d), G = p.group_size();
+  const int64_t pairs = p.batch * p.heads_kv;
+  if (pairs == 0) return;
+  const size_t esz = dtype_bytes(p.dtype);
+  const bool capped = p.softcap > 0;
+  const float qmult = capped ? p.scale : p.scale * kLog2e;
+  const float dk_mult = p.scale / qmult;  // dK = scale·dSᵀ Q, and sQ holds qmult·Q
+
+  // Chunks per pair and the dQ accumulators' offsets (per pair: chunks × G × q_len × d_pad).
+  int64_t max_tiles = 0;
+  std::vector<int64_t> acc_off(size_t(pairs) + 1, 0);
+  for (int64_t b = 0; b < p.batch; ++b)
+    max_tiles = std::max(max_tiles, (detail::seq_span(p, b).k_len + BN - 1) / BN);
+  const int64_t chunks = std::clamp<int64_t>((kTargetUnits + pairs - 1) / pairs, 1,
+                                             std::clamp<int64_t>(max_tiles, 1, kMaxChunks));
+  for (int64_t pr = 0; pr < pairs; ++pr)
+    acc_off[size_t(pr) + 1] =
+        acc_off[size_t(pr)] + chunks * G * detail::seq_span(p, pr / p.heads_kv).q_len * d_pad;
+  detail::Scratch<float> dq_acc(size_t(acc_off.back()));  // zeroed by the unit that owns each part
+  const int64_t units = pairs * chunks;
+
+#pragma omp parallel
+  {
+    BackwardScratch w(d, d_pad);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t pr = u / chunks, c = u % chunks;
+      const int64_t b = pr / p.heads_kv, hk = pr % p.heads_kv;
+      const detail::SeqSpan sp = detail::seq_span(p, b);
+      float* acc = dq_acc.data() + acc_off[size_t(pr)] + c * G * sp.q_len * d_pad;  // (G, q_len, d_pad)
+      std::fill(acc, acc + G * sp.q_len * d_pad, 0.0f);
+      const int64_t ntiles = (sp.k_len + BN - 1) / BN;
+      for (int64_t kt = c; kt < ntiles; kt += chunks) {
+        const int64_t j0 = kt * BN;
+        const int nk = int(std::min<int64_t>(BN, sp.k_len - j0));
+        load_rows(p, tk, p.k, sp, sp.k_start, hk, j0, nk, 1.0f, w.k.data(), d_pad);
+        transpose_tile(w.k.data(), nk, int(d), d_pad, w.kt.data(), BN);
+        load_rows(p, tk, p.v, sp, sp.k_start, hk, j0, nk, 1.0f, w.vtmp.data(), d_pad);
+        transpose_tile(w.vtmp.data(), nk, int(d), d_pad, w.vt.data(), BN);
+        std::fill(w.dk.data(), w.dk.data() + w.dk.size(), 0.0f);
+        std::fill(w.dv.data(), w.dv.data() + w.dv.size(), 0.0f);
+
+        // Query rows that see at least one key of [j0, j1): contiguous, since every row's visible
+        // range [lo, hi) moves right with the row (bottom-right aligned window).
+        const int64_t j1 = j0 + nk;
+        int64_t i_lo = 0, i_hi = sp.q_len;
+        if (p.window_right >= 0) i_lo = std::max<int64_t>(0, j0 - sp.k_len + sp.q_len - p.window_right);
+        if (p.window_left >= 0) i_hi = std::min<int64_t>(sp.q_len, j1 - sp.k_len + sp.q_len + p.window_left);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t h = hk * G + g;
+          float* acc_h = acc + g * sp.q_len * d_pad;
+          for (int64_t i0 = i_lo; i0 < i_hi; i0 += BM)
+            backward_step(p, tk, sp, h, j0, nk, i0, int(std::min<int64_t>(BM, i_hi - i0)), qmult,
+                          acc_h, w);
+        }
+
+        char* dkb = static_cast<char*>(p.dk.data);
+        char* dvb = static_cast<char*>(p.dv.data);
+        for (int r = 0; r < nk; ++r) {
+          const int64_t j = sp.k_start + j0 + r;
+          tk.store(&w.dk[size_t(r * d_pad)], int(d), dk_mult, p.dtype,
+                   dkb + p.dk.offset(sp.batch_index, j, hk) * int64_t(esz));
+          tk.store(&w.dv[size_t(r * d_pad)], int(d), 1.0f, p.dtype,
+                   dvb + p.dv.offset(sp.batch_index, j, hk) * int64_t(esz));
+        }
+      }
+    }
+
+    // dQ = scale · Σ_c acc[c], summed in chunk order: the fixed-order reduction.
+    detail::Scratch<float> row(static_cast<size_t>(d_pad));
+#pragma omp for schedule(static)
+    for (int64_t pr = 0; pr < pairs; ++pr) {
+      const int64_t b = pr / p.heads_kv, hk = pr % p.heads_kv;
+      const detail::SeqSpan sp = detail::seq_span(p, b);
+      const int64_t per_chunk = G * sp.q_len * d_pad;
+      const float* acc = dq_acc.data() + acc_off[size_t(pr)];
+      char* dqb = static_cast<char*>(p.dq.data);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < sp.q_len; ++i) {
+          const float* src = acc + (g * sp.q_len + i) * d_pad;
+          std::copy(src, src + d, row.data());
+          for (int64_t c = 1; c < chunks; ++c)
+            for (int64_t e = 0; e < d; ++e) row[size_t(e)] += src[c * per_chunk + e];
+          tk.store(row.data(), int(d), p.scale, p.dtype,
+                   dqb + p.dq.offset(sp.batch_index, sp.q_start + i, hk * G + g) * int64_t(esz));
+        }
+    }
+  }
+}
+
+}  // namespace flashattn::cpu

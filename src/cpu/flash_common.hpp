@@ -1,0 +1,83 @@
+// Pieces shared by the CPU flash forward and backward: tile sizes, packing, masking.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/params.hpp"
+#include "core/scratch.hpp"
+#include "cpu/tile_kernels.hpp"
+
+namespace flashattn::cpu {
+
+using detail::KeyRange;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A counted, 64-byte aligned scratch buffer of n floats, zero-filled (padding columns of the tiles
+// are never written afterwards and must read as zeros).
+inline detail::Scratch<float> zeroed(size_t n) {
+  detail::Scratch<float> b(n);
+  std::fill(b.data(), b.data() + n, 0.0f);
+  return b;
+}
+
+inline size_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// Tile sizes (the arithmetic behind them: docs/cpu-kernels.md). Per thread at d = 128, fp32:
+// forward sQ 32 KiB + sK 32 KiB + sKt 32 KiB + sV 32 KiB + sS 16 KiB + acc 32 KiB ≈ 176 KiB,
+// inside the 1 MiB L2 of a Zen 4 core; the B panel a GEMM micro-kernel streams (k × 32 floats,
+// ≤ 32 KiB at d = 256) is what has to stay in the 32 KiB L1.
+struct FwdTiles {
+  static constexpr int kBlockM = 64;  // query rows per tile (a multiple of the micro-kernel rows)
+  static constexpr int kBlockN = 64;  // keys per tile (a multiple of kPadN)
+};
+struct BwdTiles {
+  static constexpr int kBlockM = 64;  // query rows per tile
+  static constexpr int kBlockN = 64;  // keys per tile
+};
+
+// dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols; columns rows..pad_n(rows)
+// of dst are zeroed so that GEMMs over the padded width read zeros.
+inline void transpose_tile(const float* src, int rows, int cols, int64_t ld_src, float* dst,
+                           int64_t ld_dst) {
+  const int rows_pad = int(pad_n(rows));
+  for (int c = 0; c < cols; ++c) {
+    float* drow = dst + c * ld_dst;
+    for (int j = 0; j < rows; ++j) drow[j] = src[j * ld_src + c];
+    for (int j = rows; j < rows_pad; ++j) drow[j] = 0.0f;
+  }
+}
+
+// Load `rows` rows of head `head` of tensor `t` starting at sequence row `row0` into dst
+// (row-major, ld_dst floats), converted to fp32 and multiplied by mult.
+inline void load_rows(const detail::Params& p, const TileKernels& tk, const detail::TensorRef& t,
+                      const detail::SeqSpan& sp, int64_t seq_start, int64_t head, int64_t row0,
+                      int rows, float mult, float* dst, int64_t ld_dst) {
+  const size_t esz = dtype_bytes(p.dtype);
+  const char* base = static_cast<const char*>(t.data);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t off = t.offset(sp.batch_index, seq_start + row0 + r, head);
+    tk.load(base + off * int64_t(esz), p.dtype, int(p.head_dim), mult, dst + r * ld_dst);
+  }
+}
+
+// Scores outside each row's visible range [lo, hi) become -inf. Rows entirely inside cost one
+// comparison, so interior tiles pay almost nothing.
+inline void mask_tile(const KeyRange* range, int mq, int64_t j0, int nk, float* s, int64_t lds) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int r = 0; r < mq; ++r) {
+    const int64_t lo = std::clamp<int64_t>(range[r].lo - j0, 0, nk);
+    const int64_t hi = std::clamp<int64_t>(range[r].hi - j0, 0, nk);
+    float* row = s + r * lds;
+    if (lo >= hi) {
+      std::fill(row, row + nk, ninf);
+      continue;
+    }
+    std::fill(row, row + lo, ninf);
+    std::fill(row + hi, row + nk, ninf);
+  }
+}
+
+}  // namespace flashattn::cpu

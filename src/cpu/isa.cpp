@@ -1,0 +1,66 @@
+// Run-time choice of the tile-kernel table (Highway's pattern: per-target code, one table).
+#include "cpu/isa.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace flashattn::cpu {
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+std::atomic<const TileKernels*> g_override{nullptr};
+
+const TileKernels& choose() {
+  const TileKernels* best = &kTileKernelsScalar;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (cpu_has_avx512()) best = &kTileKernelsAvx512;
+  else if (cpu_has_avx2()) best = &kTileKernelsAvx2;
+#endif
+  if (const char* forced = std::getenv("FLASHATTN_CPU_ISA"))
+    if (const TileKernels* t = tile_kernels_for(forced)) return *t;
+  return *best;
+}
+
+}  // namespace
+
+const TileKernels* tile_kernels_for(const char* name) {
+  if (!name) return nullptr;
+  if (!std::strcmp(name, "scalar")) return &kTileKernelsScalar;
+#if defined(__x86_64__) || defined(_M_X64)
+  if (!std::strcmp(name, "avx2") && cpu_has_avx2()) return &kTileKernelsAvx2;
+  if (!std::strcmp(name, "avx512") && cpu_has_avx512()) return &kTileKernelsAvx512;
+#endif
+  return nullptr;
+}
+
+const TileKernels& tile_kernels() {
+  static const TileKernels& table = choose();  // thread-safe static initialization
+  const TileKernels* forced = g_override.load(std::memory_order_acquire);
+  return forced ? *forced : table;
+}
+
+void override_tile_kernels(const TileKernels* table) {
+  g_override.store(table, std::memory_order_release);
+}
+
+const char* isa_name() { return tile_kernels().name; }
+
+}  // namespace flashattn::cpu

@@ -61,9 +61,16 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 
 // Every rejected argument raises Error; its message names the argument, what was expected and
 // what was given. Nothing is written when an Error is raised by argument checking.
+// kind() tells a wrong dtype or device (type) from a wrong shape, stride or value (value); the
+// Python package maps them to TypeError and ValueError.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  enum class Kind { value, type };
+  explicit Error(const std::string& what, Kind kind = Kind::value) : std::runtime_error(what), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
 };
 
 const char* to_string(DType dtype);

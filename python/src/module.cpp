@@ -37,25 +37,6 @@ struct ValueErr : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// flashattn::Error carries no kind. Its messages read "flashattn::<call>: <arg>: expected <what>,
-// got <...>" (src/core/check.cpp): what is expected of a dtype or a device (memory space) makes a
-// TypeError, anything else (shapes, strides, values) a ValueError.
-bool is_type_message(const std::string& msg) {
-  const std::string m = lower(msg);
-  const std::string key = ": expected ";
-  const size_t at = m.find(key);
-  if (at == std::string::npos)
-    return m.find("dtype") != std::string::npos || m.find("device") != std::string::npos;
-  const std::string what = m.substr(at + key.size());
-  return what.rfind("dtype", 0) == 0 || what.rfind("device", 0) == 0 ||
-         what.find("host memory") != std::string::npos ||
-         what.find("device memory") != std::string::npos;
-}
 
 // ---- descriptors ---------------------------------------------------------------------------
 std::string dtype_name(nb::dlpack::dtype dt) {
@@ -289,7 +270,7 @@ NB_MODULE(_flashattn, m) {
     } catch (const ValueErr& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const fa::Error& e) {
-      PyErr_SetString(is_type_message(e.what()) ? PyExc_TypeError : PyExc_ValueError, e.what());
+      PyErr_SetString(e.kind() == fa::Error::Kind::type ? PyExc_TypeError : PyExc_ValueError, e.what());
     }
   });
 

@@ -60,14 +60,19 @@ class Checker {
  public:
   explicit Checker(const char* call) : call_(call) {}
 
-  [[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& got) const {
-    throw Error(std::string("flashattn::") + call_ + ": " + arg + ": expected " + expected + ", got " + got);
+  [[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& got,
+                         Error::Kind kind = Error::Kind::value) const {
+    throw Error(std::string("flashattn::") + call_ + ": " + arg + ": expected " + expected + ", got " + got, kind);
+  }
+  // A wrong dtype or device: TypeError in Python.
+  [[noreturn]] void fail_type(const std::string& arg, const std::string& expected, const std::string& got) const {
+    fail(arg, expected, got, Error::Kind::type);
   }
 
   // dtype, device, strides, null data; shape is checked by the caller against the others.
   void tensor(const char* name, const Tensor& t) const {
-    if (!valid_dtype(t.dtype)) fail(name, "dtype f32, f16 or bf16", dtype_name(t.dtype));
-    if (!valid_device(t.device)) fail(name, "device cpu or cuda", device_name(t.device));
+    if (!valid_dtype(t.dtype)) fail_type(name, "dtype f32, f16 or bf16", dtype_name(t.dtype));
+    if (!valid_device(t.device)) fail_type(name, "device cpu or cuda", device_name(t.device));
     for (int i = 0; i < 4; ++i) {
       if (t.shape[i] < 0) fail(name, "non-negative sizes", "shape " + shape_str(t.shape));
       if (t.strides[i] < 0) fail(name, "non-negative strides", "strides " + shape_str(t.strides));
@@ -79,9 +84,9 @@ class Checker {
 
   void same_kind(const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) const {
     if (t.dtype != ref.dtype)
-      fail(name, std::string("dtype ") + dtype_name(ref.dtype) + " (as " + ref_name + ")", dtype_name(t.dtype));
+      fail_type(name, std::string("dtype ") + dtype_name(ref.dtype) + " (as " + ref_name + ")", dtype_name(t.dtype));
     if (t.device != ref.device)
-      fail(name, std::string("device ") + device_name(ref.device) + " (as " + ref_name + ")", device_name(t.device));
+      fail_type(name, std::string("device ") + device_name(ref.device) + " (as " + ref_name + ")", device_name(t.device));
   }
 
   void shape(const char* name, const Tensor& t, const std::array<int64_t, 4>& want, const char* layout) const {
@@ -89,9 +94,9 @@ class Checker {
   }
 
   void lse(const char* name, const Tensor& t, const Tensor& q_like, int64_t b, int64_t h, int64_t nq) const {
-    if (t.dtype != DType::f32) fail(name, "dtype f32", dtype_name(t.dtype));
+    if (t.dtype != DType::f32) fail_type(name, "dtype f32", dtype_name(t.dtype));
     if (t.device != q_like.device)
-      fail(name, std::string("device ") + device_name(q_like.device) + " (as q)", device_name(t.device));
+      fail_type(name, std::string("device ") + device_name(q_like.device) + " (as q)", device_name(t.device));
     for (int i = 0; i < 4; ++i)
       if (t.strides[i] < 0) fail(name, "non-negative strides", "strides " + shape_str(t.strides));
     shape(name, t, {b, h, nq, 1}, "(batch, heads, seqlen_q, 1)");

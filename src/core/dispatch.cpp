@@ -62,8 +62,8 @@ std::string build_info() {
 
 namespace {
 [[noreturn]] void no_cuda(const char* call) {
-  throw Error(std::string("flashattn::") + call +
-              ": q: expected device cpu (this build has no CUDA backend), got cuda");
+  throw Error(std::string("flashattn::") + call + ": q: expected device cpu (this build has no CUDA backend), got cuda",
+              Error::Kind::type);
 }
 }  // namespace
 

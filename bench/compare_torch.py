@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""flashattn CUDA kernels vs PyTorch, in one process (scripts/gpu-check runs it).
+
+  --check : correctness of our flash and standard paths against a float64 reference written here in
+            plain torch (its own mask), fresh random inputs; 50x bitwise repeat (forward and
+            deterministic backward); fully-masked rows; inputs x10 and x30.
+  --bench : the FlashAttention grid (batch*seqlen = 16384, heads*head_dim = 2048, seqlen 512..16384,
+            head_dim 64/128/256, causal and not), forward and backward TFLOP/s of ours vs SDPA's flash
+            (FlashAttention-2) and cuDNN backends; median of CUDA-event timings after warm-up.
+Our library is reached through bench/torch_shim.cpp (ctypes, raw device pointers).
+"""
+import argparse, ctypes, json, math, statistics, sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+DT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+class Call(ctypes.Structure):
+    _fields_ = [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("window_left", ctypes.c_int),
+                ("window_right", ctypes.c_int), ("softcap", ctypes.c_float),
+                ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                ("max_seqlen_q", ctypes.c_int), ("max_seqlen_k", ctypes.c_int), ("varlen_batch", ctypes.c_int),
+                ("algorithm", ctypes.c_int), ("deterministic", ctypes.c_int), ("stream", ctypes.c_void_p)]
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        for f in (self.lib.fa_forward, self.lib.fa_backward):
+            f.restype = ctypes.c_char_p
+        self.lib.fa_info.restype = ctypes.c_char_p
+
+    @staticmethod
+    def _pack(ts):
+        ptrs = (ctypes.c_void_p * len(ts))(*[t.data_ptr() if t is not None else 0 for t in ts])
+        shapes, strides = [], []
+        for t in ts:
+            shapes += list(t.shape) if t is not None else [0] * 4
+            strides += list(t.stride()) if t is not None else [0] * 4
+        return ptrs, (ctypes.c_int64 * len(shapes))(*shapes), (ctypes.c_int64 * len(strides))(*strides)
+
+    @staticmethod
+    def _call(kw, q):
+        cq, ck = kw.get("cu_q"), kw.get("cu_k")
+        return Call(kw.get("scale", 0.0), int(kw.get("causal", False)), kw.get("wl", -1), kw.get("wr", -1),
+                    kw.get("softcap", 0.0), cq.data_ptr() if cq is not None else None,
+                    ck.data_ptr() if ck is not None else None, kw.get("max_q", 0), kw.get("max_k", 0),
+                    (cq.numel() - 1) if cq is not None else 0,
+                    1 if kw.get("algo") == "standard" else 0, int(kw.get("deterministic", False)),
+                    torch.cuda.current_stream().cuda_stream)
+
+    def forward(self, q, k, v, out, lse, **kw):
+        lse4 = lse.unsqueeze(-1) if lse is not None else None
+        ptrs, sh, st = self._pack([q, k, v, out, lse4])
+        err = self.lib.fa_forward(ptrs, DT[q.dtype], sh, st, ctypes.byref(self._call(kw, q)))
+        if err:
+            raise RuntimeError(err.decode())
+
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, **kw):
+        ptrs, sh, st = self._pack([q, k, v, out, dout, lse.unsqueeze(-1), dq, dk, dv])
+        err = self.lib.fa_backward(ptrs, DT[q.dtype], sh, st, ctypes.byref(self._call(kw, q)))
+        if err:
+            raise RuntimeError(err.decode())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference (float64, materialized), independent of the kernels' mask code.
+def ref_attention(q, k, v, scale, causal, wl, wr, softcap, dtype=torch.float64):
+    """q (Nq, H, d), k/v (Nk, Hkv, d) of one sequence -> out (Nq, H, d), lse (H, Nq)."""
+    nq, h, d = q.shape
+    nk, hkv = k.shape[0], k.shape[1]
+    g = h // hkv
+    qq, kk, vv = (x.to(dtype).transpose(0, 1) for x in (q, k, v))
+    kk = kk.repeat_interleave(g, 0)
+    vv = vv.repeat_interleave(g, 0)
+    s = torch.matmul(qq, kk.transpose(1, 2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    diag = i + nk - nq
+    right = 0 if causal else wr
+    vis = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
+    if wl >= 0:
+        vis &= j >= diag - wl
+    if right >= 0:
+        vis &= j <= diag + right
+    s = s.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    p = torch.nan_to_num(p, nan=0.0)
+    out = torch.matmul(p.to(dtype), vv)
+    return out.transpose(0, 1), lse
+
+
+def ref_call(q, k, v, dout, cu_q, cu_k, scale, causal, wl, wr, softcap, dtype=torch.float64):
+    """Batched/varlen reference with autograd: returns out, lse (B,H,Nq), dq, dk, dv."""
+    qr, kr, vr = (x.detach().to(dtype).requires_grad_(True) for x in (q, k, v))
+    outs, lses = [], []
+    if cu_q is None:
+        for b in range(q.shape[0]):
+            o, l = ref_attention(qr[b], kr[b], vr[b], scale, causal, wl, wr, softcap, dtype)
+            outs.append(o), lses.append(l)
+        out, lse = torch.stack(outs), torch.stack(lses)
+    else:
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        for b in range(len(cq) - 1):
+            o, l = ref_attention(qr[0, cq[b]:cq[b + 1]], kr[0, ck[b]:ck[b + 1]], vr[0, ck[b]:ck[b + 1]],
+                                 scale, causal, wl, wr, softcap, dtype)
+            outs.append(o), lses.append(l)
+        out, lse = torch.cat(outs)[None], torch.cat(lses, 1)[None]
+    out.backward(dout.to(dtype))
+    return out.detach(), lse.detach(), qr.grad, kr.grad, vr.grad
+
+
+def err(x, ref):
+    x, ref = x.double(), ref.double()
+    fin = torch.isfinite(ref)
+    d = (x - ref).abs()
+    d = torch.where(fin, d, torch.where(x == ref, torch.zeros_like(d), torch.full_like(d, float("inf"))))
+    return d.max().item() if d.numel() else 0.0
+
+
+def run_case(lib, dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
+             mult=1.0, algo="flash", seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    cu_q = cu_k = None
+    max_q = max_k = 0
+    if varlen is not None:
+        lq, lk = varlen
+        cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=dev)
+        cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=dev)
+        b, nq, nk, max_q, max_k = 1, sum(lq), sum(lk), max(lq), max(lk)
+    q = (torch.randn(b, nq, h, d, device=dev, generator=gen) * mult).to(dtype)
+    k = (torch.randn(b, nk, hkv, d, device=dev, generator=gen) * mult).to(dtype)
+    v = torch.randn(b, nk, hkv, d, device=dev, generator=gen).to(dtype)
+    dout = torch.randn(b, nq, h, d, device=dev, generator=gen).to(dtype)
+    scale = 1.0 / math.sqrt(d)
+    kw = dict(causal=causal, wl=wl, wr=wr, softcap=softcap, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k,
+              algo=algo, deterministic=True)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, nq), float("nan"), device=dev)
+    lib.forward(q, k, v, out, lse, **kw)
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    lib.backward(q, k, v, out, dout, lse, dq, dk, dv, **kw)
+    torch.cuda.synchronize()
+    ro, rl, rdq, rdk, rdv = ref_call(q, k, v, dout, cu_q, cu_k, scale, causal, wl, wr, softcap)
+    # The bar: FA3's test — error at most 2x that of the same plain math in the low precision (+ noise).
+    lo, ll, ldq, ldk, ldv = ref_call(q, k, v, dout, cu_q, cu_k, scale, causal, wl, wr, softcap, dtype)
+    lo, ldq, ldk, ldv = (x.to(dtype) for x in (lo, ldq, ldk, ldv))
+    res = {}
+    ok = True
+    for name, mine, ref, base in (("out", out, ro, lo), ("lse", lse, rl, ll.float()), ("dq", dq, rdq, ldq),
+                                  ("dk", dk, rdk, ldk), ("dv", dv, rdv, ldv)):
+        e, eb = err(mine, ref), err(base, ref)
+        tol = 2 * eb + 1e-3 * max(1.0, ref[torch.isfinite(ref)].abs().max().item() if ref.numel() else 1.0)
+        good = math.isfinite(e) and e <= tol and not torch.isnan(mine).any().item()
+        ok &= good
+        res[name] = (e, tol)
+    return ok, res
+
+
+CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
+    (torch.float16, 2, 128, 128, 4, 4, 64, {}),
+    (torch.bfloat16, 2, 128, 128, 4, 4, 128, {"causal": True}),
+    (torch.float16, 1, 113, 203, 4, 2, 32, {}),
+    (torch.bfloat16, 1, 113, 203, 4, 2, 96, {"causal": True}),
+    (torch.float16, 1, 1023, 1024, 2, 2, 128, {"causal": True}),
+    (torch.float16, 1, 1, 239, 8, 1, 64, {}),
+    (torch.bfloat16, 1, 3, 799, 4, 4, 256, {"causal": True}),
+    (torch.float16, 2, 300, 200, 4, 1, 192, {"causal": True}),  # Nq > Nk: fully masked rows
+    (torch.bfloat16, 1, 257, 257, 8, 2, 256, {}),
+    (torch.float16, 1, 200, 300, 4, 4, 40, {}),                 # head dim 40 -> kernel 64
+    (torch.bfloat16, 1, 200, 300, 4, 4, 136, {"causal": True}),  # 136 -> 192
+    (torch.float16, 1, 333, 333, 4, 4, 72, {"wl": 32, "wr": 8}),
+    (torch.bfloat16, 1, 256, 512, 4, 2, 128, {"wl": 64, "wr": -1}),
+    (torch.float16, 1, 256, 256, 4, 4, 64, {"softcap": 30.0, "causal": True}),
+    (torch.bfloat16, 1, 190, 190, 4, 4, 256, {"softcap": 5.0}),
+    (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([17, 0, 130, 64], [40, 7, 0, 200]), "causal": True}),
+    (torch.bfloat16, 1, 0, 0, 8, 2, 128, {"varlen": ([100, 1, 257], [100, 300, 64])}),
+    (torch.float16, 1, 500, 500, 4, 4, 128, {"mult": 10.0}),
+    (torch.bfloat16, 1, 500, 500, 4, 4, 64, {"mult": 30.0, "causal": True}),
+    (torch.float16, 1, 128, 64, 4, 4, 64, {"causal": True, "wl": 0}),
+]
+
+
+def check(lib):
+    rows, fails = [], 0
+    for algo in ("flash", "standard"):
+        for i, (dt, b, nq, nk, h, hkv, d, kw) in enumerate(CASES):
+            try:
+                ok, res = run_case(lib, dt, b, nq, nk, h, hkv, d, algo=algo, seed=i, **kw)
+                msg = " ".join(f"{k}={e:.1e}/{t:.1e}" for k, (e, t) in res.items())
+            except Exception as ex:  # noqa: BLE001
+                ok, msg = False, f"EXCEPTION {ex}"
+            fails += not ok
+            line = f"{algo:8s} {str(dt)[6:]:8s} b{b} nq{nq} nk{nk} h{h}/{hkv} d{d} {kw}: {msg} [{'ok' if ok else 'FAIL'}]"
+            print(line, flush=True)
+            rows.append(line)
+    # 50x bitwise repeat: forward and deterministic backward (catches races)
+    for d, causal in ((64, False), (128, True), (256, False)):
+        dt = torch.bfloat16
+        q = torch.randn(2, 777, 8, d, device="cuda", dtype=dt)
+        k = torch.randn(2, 777, 4, d, device="cuda", dtype=dt)
+        v = torch.randn(2, 777, 4, d, device="cuda", dtype=dt)
+        do = torch.randn_like(q)
+        outs = []
+        for _ in range(50):
+            o = torch.empty_like(q); l = torch.empty(2, 8, 777, device="cuda")
+            lib.forward(q, k, v, o, l, causal=causal)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal, deterministic=True)
+            outs.append((o, l, dq, dk, dv))
+        same = all(all(torch.equal(a, b_) for a, b_ in zip(outs[0], x)) for x in outs[1:])
+        fails += not same
+        print(f"repeat50 d{d} causal={causal}: {'bitwise equal [ok]' if same else 'DIFFER [FAIL]'}", flush=True)
+    print(f"check: {fails} failures", flush=True)
+    return fails
+
+
+def median_ms(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def bench(lib, dims, seqlens, dtype, reps, out_json):
+    results = []
+    for d in dims:
+        for causal in (False, True):
+            for n in seqlens:
+                b, h = 16384 // n, 2048 // d
+                q = torch.randn(b, n, h, d, device="cuda", dtype=dtype)
+                k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
+                flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                r = reps if n <= 4096 else max(5, reps // 2)
+                row = {"d": d, "causal": causal, "n": n, "b": b, "h": h}
+                o = torch.empty_like(q); l = torch.empty(b, h, n, device="cuda")
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+                row["ours_fwd"] = median_ms(lambda: lib.forward(q, k, v, o, l, causal=causal), r)
+                row["ours_bwd"] = median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), r)
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
+                dot = do.transpose(1, 2)
+                for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        with sdpa_kernel(be):
+                            row[f"{name}_fwd"] = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), r)
+                            ot = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                            row[f"{name}_bwd"] = median_ms(lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True), r)
+                    except Exception as ex:  # noqa: BLE001
+                        row[f"{name}_fwd"] = row[f"{name}_bwd"] = float("nan")
+                        print(f"  {name} d{d} n{n}: {ex}", file=sys.stderr)
+                for key in list(row):
+                    if key.endswith("_fwd"):
+                        row[key.replace("_fwd", "_fwd_tf")] = flops / row[key] / 1e9
+                    elif key.endswith("_bwd"):
+                        row[key.replace("_bwd", "_bwd_tf")] = 2.5 * flops / row[key] / 1e9
+                results.append(row)
+                tf = lambda k_: row.get(k_, float("nan"))  # noqa: E731
+                print(f"d{d:3d} {'causal' if causal else 'full  '} N={n:5d}: fwd ours {tf('ours_fwd_tf'):6.1f} fa2 {tf('fa2_fwd_tf'):6.1f} "
+                      f"cudnn {tf('cudnn_fwd_tf'):6.1f} | bwd ours {tf('ours_bwd_tf'):6.1f} fa2 {tf('fa2_bwd_tf'):6.1f} "
+                      f"cudnn {tf('cudnn_bwd_tf'):6.1f} TFLOP/s | ratio fwd {tf('ours_fwd_tf')/tf('fa2_fwd_tf'):.2f}x fa2 "
+                      f"{tf('ours_fwd_tf')/tf('cudnn_fwd_tf'):.2f}x cudnn, bwd {tf('ours_bwd_tf')/tf('fa2_bwd_tf'):.2f}x fa2 "
+                      f"{tf('ours_bwd_tf')/tf('cudnn_bwd_tf'):.2f}x cudnn", flush=True)
+                del q, k, v, do, o, l, dq, dk, dv, qt, kt, vt
+    if out_json:
+        json.dump(results, open(out_json, "w"), indent=1)
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    lib = Lib(a.lib)
+    print(lib.lib.fa_info().decode(), "| torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), flush=True)
+    fails = check(lib) if a.check else 0
+    if a.bench:
+        bench(lib, [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqlens.split(",")],
+              torch.bfloat16 if a.dtype == "bf16" else torch.float16, a.reps, a.json)
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+// CUDA / cuBLAS failures surfaced as flashattn::Error carrying the library's own message.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::cuda {
+
+[[noreturn]] void throw_cuda(cudaError_t e, const char* what);
+[[noreturn]] void throw_cublas(cublasStatus_t s, const char* what);
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_cuda(e, what);
+}
+inline void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw_cublas(s, what);
+}
+// After a kernel launch: configuration errors appear here, asynchronous faults at the next sync.
+inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
+
+// Stream-ordered device scratch memory, freed on scope exit (also when an Error unwinds).
+class DeviceScratch {
+ public:
+  DeviceScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+  }
+  ~DeviceScratch() {
+    if (ptr_) cudaFreeAsync(ptr_, stream_);
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace flashattn::cuda

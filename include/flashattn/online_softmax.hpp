@@ -21,7 +21,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 
 #if defined(__CUDACC__)
 #define FLASHATTN_HD __host__ __device__ __forceinline__
@@ -36,8 +35,9 @@ FLASHATTN_HD float exp_base(float x, bool base2) { return base2 ? exp2f(x) : exp
 FLASHATTN_HD double exp_base(double x, bool base2) { return base2 ? exp2(x) : exp(x); }
 FLASHATTN_HD float log_base(float x, bool base2) { return base2 ? log2f(x) : logf(x); }
 FLASHATTN_HD double log_base(double x, bool base2) { return base2 ? log2(x) : log(x); }
+// -inf without std::numeric_limits, whose members are host-only functions under nvcc.
 template <class Acc>
-FLASHATTN_HD Acc neg_inf() { return -std::numeric_limits<Acc>::infinity(); }
+FLASHATTN_HD Acc neg_inf() { return Acc(-HUGE_VAL); }
 }  // namespace softmax_math
 
 template <class Acc, bool kLog2 = false>

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "cuda/common/args.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda/registry.hpp"
+#include "cuda/sm90/sm90.hpp"
 #include "cuda/standard/standard.hpp"
 
 namespace flashattn::cuda {
@@ -128,9 +130,21 @@ void check_device_pointers(const detail::Params& p, bool backward) {
   }
 }
 
+namespace {
+// FLASHATTN_PORTABLE_ONLY=1 keeps the Hopper kernels out (to compare or test the portable ones on sm_90).
+bool hopper_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("FLASHATTN_PORTABLE_ONLY");
+    return !(v && *v && std::string(v) != "0");
+  }();
+  return allowed;
+}
+}  // namespace
+
 void forward(const detail::Params& p) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) return standard::forward(p, stream);
+  if (hopper_allowed() && sm90::supports(p)) return sm90::forward(p);
   const KernelEntry& k = flash_kernel_for(p, false);
   k.forward(make_args(p), stream);
 }

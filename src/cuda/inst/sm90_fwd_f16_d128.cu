@@ -1,0 +1,6 @@
+// Hopper forward, f16, head_dim 128, non-causal.
+#include "cuda/sm90/kernel_fwd.cuh"
+
+namespace flashattn::cuda::sm90 {
+template cudaError_t launch_fwd<128, true, false>(const FwdArgs&, cudaStream_t);
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,57 @@
+// Epilogue of the Hopper forward kernel: O = acc_o / row_sum through shared memory and a TMA
+// store, LSE (natural log) straight from registers.
+//
+// Each consumer warpgroup writes its 64 normalized rows, in the 128B-swizzled chunk layout that
+// TMA uses (16-byte slot j of row i at slot j ^ (i % 8), §2), into its own rows of sO (= sQ for
+// d256, whose last Q·Kᵀ has completed), then one thread stores them with D/64 boxes of
+// (64 rows × 64 columns). The
+// TMA store skips rows past seqlen_q, so partial tiles need no checks here.
+#pragma once
+
+#include "cuda/sm90/mainloop.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+__device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
+                                         Consumer<Tile, kF16, kCausal, kHeadDim>& c, int wg, int m_block,
+                                         int head, int batch) {
+  constexpr int kORegs = kHeadDim / 2;
+  const int t = threadIdx.x % 128, lane = t % 32;
+  c.softmax.finalize();
+  const float inv[2] = {c.softmax.state[0].inv_sum(), c.softmax.state[1].inv_sum()};  // 0 for empty rows
+
+  uint8_t* s_rows = sm.o + wg * 64 * 128;  // this warpgroup's rows in every chunk
+#pragma unroll
+  for (int r = 0; r < kORegs; r += 2) {
+    const int h = (r >> 1) & 1;
+    const int row = 16 * (t / 32) + lane / 4 + 8 * h;  // 0..63 within the warpgroup
+    const int col = 8 * (r >> 2) + 2 * (lane % 4);
+    const int chunk = col / 64, slot = ((col % 64) / 8) ^ (row % 8);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(s_rows + chunk * Tile::kBlockM * 128 + row * 128 + slot * 16 +
+                                                (col % 8) * 2);
+    *dst = pack2<kF16>(c.acc_o[r] * inv[h], c.acc_o[r + 1] * inv[h]);
+  }
+  ptx::fence_proxy_async();             // generic smem writes -> TMA (async proxy) reads
+  ptx::named_bar_sync(1 + wg, 128);     // this warpgroup only
+  const int row_start = m_block * Tile::kBlockM + 64 * wg;
+  if (t == 0 && row_start < a.seqlen_q) {
+#pragma unroll
+    for (int chunk = 0; chunk < Tile::kChunks; ++chunk)
+      ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 0, row_start, chunk, head, batch);
+    ptx::tma_store_commit();
+  }
+
+  if (a.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_start + 16 * (t / 32) + lane / 4 + 8 * h;
+      if (row < a.seqlen_q)
+        a.lse[batch * a.lse_batch_stride + head * a.lse_head_stride + row * a.lse_row_stride] =
+            c.softmax.state[h].lse();
+    }
+  }
+  if (t == 0 && row_start < a.seqlen_q) ptx::tma_store_wait_read();  // smem must outlive the reads
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,83 @@
+// The Hopper forward kernel: skeleton (shared memory, barriers, roles) and its host launcher.
+//
+//   warpgroup 0 (producer): setmaxnreg.dec 24; one thread issues the TMA loads of Q and of the
+//                            K/V ring, tile after tile (mainloop.cuh, producer_tile)
+//   warpgroups 1, 2 (consumers): setmaxnreg.inc 240; 64 query rows each; S = Q·Kᵀ (wgmma SS),
+//                            online softmax in registers, O += P·V (wgmma RS), ping-pong between
+//                            the two (mainloop.cuh, Consumer::run), then epilogue.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/mainloop.cuh"
+#include "cuda/sm90/scheduler.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <int kHeadDim, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdArgs a) {
+  using Tile = FwdTile<kHeadDim>;
+  extern __shared__ uint8_t smem_raw[];
+  Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
+  const TileScheduler<kCausal> sched(a);
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    ptx::tma_prefetch_desc(&a.tm_q);
+    ptx::tma_prefetch_desc(&a.tm_k);
+    ptx::tma_prefetch_desc(&a.tm_v);
+    ptx::tma_prefetch_desc(&a.tm_o);
+    sm.init_barriers();
+  }
+  __syncthreads();
+
+  PipeState ps;  // ring positions, carried across this CTA's tiles
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<Tile::kProducerRegs>();
+    if (threadIdx.x == 0)
+      for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
+        const TileCoord tc = sched.coord(idx);
+        const int n_blocks = key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k);
+        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, n_blocks);
+      }
+  } else {
+    ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
+    for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
+      const TileCoord tc = sched.coord(idx);
+      const int n_blocks = key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k);
+      Consumer<Tile, kF16, kCausal, kHeadDim> c;
+      c.run(a, sm, ps, wg - 1, tc.m_block, n_blocks);
+      // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
+      // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
+      // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
+      if (n_blocks == 0) ptx::named_bar_sync(1 + (wg - 1), 128);
+      epilogue<Tile, kF16, kCausal, kHeadDim>(a, sm, c, wg - 1, tc.m_block, tc.head, tc.batch);
+      // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
+      // now, after thread 0's wait for the store's smem reads.
+      if ((!Tile::kSeparateO || n_blocks == 0) && threadIdx.x % 128 == 0) ptx::mbar_arrive(sm.empty_q);
+    }
+  }
+}
+
+// Host side: launches fwd_kernel for one (head_dim, dtype, causal); args already encoded.
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_fwd(const FwdArgs& args, cudaStream_t stream) {
+  using Tile = FwdTile<kHeadDim>;
+  auto kernel = fwd_kernel<kHeadDim, kF16, kCausal>;
+  constexpr int smem = Smem<Tile>::kBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  int dev = 0, sms = 0, l2 = 0;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) != cudaSuccess) return e;
+  FwdArgs a = args;
+  const int tiles = a.m_blocks * a.heads * a.batch;
+  a.sched = sched_mode(kCausal, 4LL * a.seqlen_k * kHeadDim, tiles < sms ? tiles : sms, l2);
+  kernel<<<grid_size(a.sched, tiles, sms), Tile::kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm90

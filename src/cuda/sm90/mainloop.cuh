@@ -1,0 +1,276 @@
+// Producer (TMA) and consumer (wgmma + online softmax) loops of the Hopper forward kernel.
+//
+// Shared memory, every tile as 64-column (128-byte) chunks, each chunk 1024-byte aligned and
+// written by TMA with the 128B swizzle:
+//   sQ  (kBlockM, D)                 chunk c at + c·kBlockM·128; consumer WG g reads rows 64g..64g+63
+//   sK[s], sV[s]  (kBlockN, D)       chunk c at + c·kBlockN·128
+//   sO  (kBlockM, D)                 like sQ (Tile::kSeparateO), else sO = sQ
+// Barriers (hopper-sm90.md §4): full_q/empty_q; per stage full_k/empty_k, full_v/empty_v. K and V
+// have separate barriers so S = Q·Kᵀ of a tile can start before its V has landed.
+// A CTA may process several tiles (persistent grid, scheduler.cuh): the K/V ring position `kv_it`
+// and the count of Q loads continue across tiles on both sides, so the producer prefetches the
+// next tile's K/V while the consumers finish the current one. The next Q load waits on empty_q:
+// released right after the last Q·Kᵀ where O has its own staging buffer sO (d64, d128), after the
+// epilogue's TMA store has read sQ where O is staged in sQ (d256).
+// Key tiles are visited from the last (n_blocks-1) to the first, so the masked tiles (causal
+// diagonal, partial last tile) come first and the rest run without per-element checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/sm90/launch.hpp"
+#include "cuda/sm90/ptx.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_size.hpp"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class Tile>
+struct Smem {
+  uint8_t* q;
+  uint8_t* o;  // O staging for the TMA store: its own buffer (Tile::kSeparateO) or sQ
+  uint8_t* k;  // stage s at + s·kKVBytes
+  uint8_t* v;
+  uint64_t* full_q;
+  uint64_t* empty_q;  // sQ free again: both consumer WGs are past their last Q·Kᵀ of the tile
+                     // (kSeparateO) or past the epilogue that staged O in sQ
+  uint64_t* full_k;  // [kStages]
+  uint64_t* empty_k;
+  uint64_t* full_v;
+  uint64_t* empty_v;
+
+  __device__ static Smem carve(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    Smem s;
+    s.q = base;
+    s.k = base + Tile::kQBytes;
+    s.v = s.k + Tile::kStages * Tile::kKVBytes;
+    s.o = Tile::kSeparateO ? s.v + Tile::kStages * Tile::kKVBytes : s.q;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(s.v + Tile::kStages * Tile::kKVBytes + Tile::kOBytes);
+    s.full_q = bars;
+    s.empty_q = bars + 1;
+    s.full_k = bars + 2;
+    s.empty_k = s.full_k + Tile::kStages;
+    s.full_v = s.empty_k + Tile::kStages;
+    s.empty_v = s.full_v + Tile::kStages;
+    return s;
+  }
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 4 * Tile::kStages);
+
+  __device__ void init_barriers() {
+    ptx::mbar_init(full_q, 1);
+    ptx::mbar_init(empty_q, Tile::kConsumerWGs);
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbar_init(full_k + s, 1);
+      ptx::mbar_init(full_v + s, 1);
+      ptx::mbar_init(empty_k + s, Tile::kConsumerWGs);  // one arrival per consumer warpgroup
+      ptx::mbar_init(empty_v + s, Tile::kConsumerWGs);
+    }
+    ptx::fence_barrier_init();
+  }
+};
+
+// Number of key tiles the query block m_block needs (0: every row fully masked).
+template <class Tile, bool kCausal>
+__device__ __forceinline__ int key_blocks(int m_block, int seqlen_q, int seqlen_k) {
+  int end = seqlen_k;
+  if (kCausal) end = min(seqlen_k, (m_block + 1) * Tile::kBlockM + seqlen_k - seqlen_q);
+  return end <= 0 ? 0 : (end + Tile::kBlockN - 1) / Tile::kBlockN;
+}
+
+// ---- producer: one thread of warpgroup 0 ---------------------------------------------------------
+// Ring state carried across the tiles of a persistent CTA (identical on producer and consumers).
+struct PipeState {
+  int kv_it = 0;    // K/V tiles consumed so far: stage = kv_it % kStages, phase = (kv_it / kStages) & 1
+  int q_loads = 0;  // Q tiles loaded so far (full_q parity)
+  int tiles = 0;    // tiles finished so far (empty_q parity)
+};
+
+template <class Tile>
+__device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
+                                              int head, int batch, int n_blocks) {
+  const int head_kv = head / a.group;
+  const bool first_tile = ps.tiles == 0;
+  const uint32_t q_free_parity = (ps.tiles++ & 1) ^ 1;
+  if (n_blocks == 0) {
+    ptx::mbar_wait(sm.empty_q, q_free_parity);  // keep the empty_q phases in step
+    return;
+  }
+  // Out-of-bounds rows of a box are zero-filled and still counted in the transaction bytes.
+  for (int it = 0; it < n_blocks; ++it) {
+    const int n = n_blocks - 1 - it;
+    const int g = ps.kv_it + it;
+    const int stage = g % Tile::kStages;
+    const uint32_t phase = (g / Tile::kStages) & 1;
+    // Later tiles: the first K load goes out before waiting for sQ, so it overlaps the previous
+    // tile's tail. The first tile loads Q first (nothing to overlap, Q is needed first).
+    if (it == 0 && first_tile) {
+      ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
+      ptx::tma_load_5d(sm.q, &a.tm_q, sm.full_q, 0, m_block * Tile::kBlockM, 0, head, batch);
+    }
+    ptx::mbar_wait(sm.empty_k + stage, phase ^ 1);  // fresh barrier: parity 1 passes at once
+    ptx::mbar_arrive_expect_tx(sm.full_k + stage, Tile::kKVBytes);
+    ptx::tma_load_5d(sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, 0, n * Tile::kBlockN,
+                     0, head_kv, batch);
+    if (it == 0) {
+      ptx::mbar_wait(sm.empty_q, q_free_parity);  // the previous tile is done with sQ
+      ++ps.q_loads;
+      if (!first_tile) {
+        ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
+        ptx::tma_load_5d(sm.q, &a.tm_q, sm.full_q, 0, m_block * Tile::kBlockM, 0, head, batch);
+      }
+    }
+    ptx::mbar_wait(sm.empty_v + stage, phase ^ 1);
+    ptx::mbar_arrive_expect_tx(sm.full_v + stage, Tile::kKVBytes);
+    ptx::tma_load_5d(sm.v + stage * Tile::kKVBytes, &a.tm_v, sm.full_v + stage, 0, n * Tile::kBlockN,
+                     0, head_kv, batch);
+  }
+  ps.kv_it += n_blocks;
+}
+
+// ---- consumer: one warpgroup, 64 query rows --------------------------------------------------------
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo -> bits [15:0]
+  if constexpr (kF16) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+struct Consumer {
+  static constexpr int kBlockN = Tile::kBlockN;
+  static constexpr int kSRegs = kBlockN / 2;
+  static constexpr int kORegs = kHeadDim / 2;
+  static constexpr int kPSteps = kBlockN / 16;  // k16 slices of P·V
+
+  float acc_o[kORegs];  // (64, D) fp32, fragment layout §1.3
+  FragmentSoftmax<kBlockN> softmax;
+
+  // S = Q·Kᵀ (SS, both K-major). k-step s (16 of D) = chunk s/4, +32 B per step inside the chunk.
+  __device__ __forceinline__ static void issue_qk(float (&acc_s)[kSRegs], uint32_t q_base, uint32_t k_base) {
+    ptx::fence_operand(acc_s);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kHeadDim / 16; ++s) {
+      const uint64_t dq = ptx::smem_desc_sw128(q_base + (s / 4) * Tile::kBlockM * 128 + (s % 4) * 32, 16, 1024);
+      const uint64_t dk = ptx::smem_desc_sw128(k_base + (s / 4) * kBlockN * 128 + (s % 4) * 32, 16, 1024);
+      Wgmma<kBlockN, kF16, 0>::ss(acc_s, dq, dk, s > 0);
+    }
+    ptx::wgmma_commit();
+  }
+  // O += P·V (RS; V MN-major: LBO = distance between 64-column chunks, SBO = 8 keys = 1024 B,
+  // +16 keys = +2048 B per k-step).
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPSteps][4], uint32_t v_base) {
+    ptx::fence_operand(acc_o);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kPSteps; ++s) {
+      const uint64_t dv = ptx::smem_desc_sw128(v_base + s * 2048, kBlockN * 128, 1024);
+      Wgmma<kHeadDim, kF16, 1>::rs(acc_o, p[s], dv, 1);
+    }
+    ptx::wgmma_commit();
+  }
+  // P (A operand of P·V) straight from the score accumulator (§1.4): no shuffles.
+  __device__ __forceinline__ static void convert_p(const float (&acc_s)[kSRegs], uint32_t (&p)[kPSteps][4]) {
+#pragma unroll
+    for (int s = 0; s < kPSteps; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[s][j] = pack2<kF16>(acc_s[8 * s + 2 * j], acc_s[8 * s + 2 * j + 1]);
+  }
+
+  // Ping-pong between the two consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup
+  // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the other's GEMMs.
+  static constexpr int kSchedBar = 3;  // ids 3, 4 (1, 2: per-WG epilogue barriers)
+  __device__ __forceinline__ static void turn_begin(int wg) { ptx::named_bar_sync(kSchedBar + wg, 256); }
+  __device__ __forceinline__ static void turn_end(int wg, bool last) {
+    if (!(last && wg == 1)) ptx::named_bar_arrive(kSchedBar + (wg ^ 1), 256);  // keep arrivals balanced
+  }
+
+  // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued
+  // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
+  __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
+                                      int n_blocks) {
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) acc_o[r] = 0.f;
+    if (n_blocks == 0) return;
+    const int it0 = ps.kv_it;
+    ps.kv_it += n_blocks;
+    const uint32_t q_phase = ps.q_loads++ & 1;
+    const int t = threadIdx.x % 128;
+    const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
+    const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // causal: first row's diag
+    const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
+    const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
+    auto needs_mask = [&](int n) {
+      const int key_end = (n + 1) * kBlockN;
+      return key_end > a.seqlen_k || (kCausal && key_end - 1 > diag_row_min);
+    };
+
+    float acc_s[kSRegs];
+    uint32_t p[kPSteps][4];
+    float rescale[2];
+
+    if (wg == 0) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 takes the first turn
+    ptx::mbar_wait(sm.full_q, q_phase);
+
+    // Prologue: tile 0 (the last key tile, n = n_blocks - 1).
+    const int stage0 = it0 % Tile::kStages;
+    ptx::mbar_wait(sm.full_k + stage0, (it0 / Tile::kStages) & 1);
+    turn_begin(wg);
+    issue_qk(acc_s, q_base, k_base + stage0 * Tile::kKVBytes);
+    turn_end(wg, false);
+    ptx::wgmma_wait<0>();
+    ptx::fence_operand(acc_s);
+    if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
+    {
+      const int n = n_blocks - 1;
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
+      softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
+      convert_p(acc_s, p);
+    }
+
+    for (int it = 1; it < n_blocks; ++it) {
+      const int n = n_blocks - 1 - it;
+      const int g = it0 + it;
+      const int stage = g % Tile::kStages, prev = (g - 1) % Tile::kStages;
+      const uint32_t phase = (g / Tile::kStages) & 1, prev_phase = ((g - 1) / Tile::kStages) & 1;
+      ptx::mbar_wait(sm.full_k + stage, phase);
+      ptx::mbar_wait(sm.full_v + prev, prev_phase);
+      turn_begin(wg);
+      issue_qk(acc_s, q_base, k_base + stage * Tile::kKVBytes);
+      issue_pv(p, v_base + prev * Tile::kKVBytes);
+      turn_end(wg, false);
+      ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
+      ptx::fence_operand(acc_s);
+      if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
+      softmax.step(acc_s, a.scale_log2, rescale);
+      ptx::wgmma_wait<0>();  // P·V done: p and V[prev] are free, acc_o may be touched
+      ptx::fence_operand(acc_o);
+      ptx::fence_operand(p);  // keeps p's registers untouched until the RS wgmma has read them
+      if (t == 0) ptx::mbar_arrive(sm.empty_v + prev);
+      FragmentSoftmax<kBlockN>::rescale_o(acc_o, rescale);
+      convert_p(acc_s, p);
+    }
+
+    // Every Q·Kᵀ of this tile has completed: with a separate O buffer, sQ may take the next Q now.
+    if (Tile::kSeparateO && t == 0) ptx::mbar_arrive(sm.empty_q);
+    // Epilogue of the loop: P·V of the last tile.
+    const int last = (it0 + n_blocks - 1) % Tile::kStages;
+    ptx::mbar_wait(sm.full_v + last, ((it0 + n_blocks - 1) / Tile::kStages) & 1);
+    turn_begin(wg);
+    issue_pv(p, v_base + last * Tile::kKVBytes);
+    turn_end(wg, true);
+    ptx::wgmma_wait<0>();
+    ptx::fence_operand(acc_o);
+    if (t == 0) ptx::mbar_arrive(sm.empty_v + last);
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

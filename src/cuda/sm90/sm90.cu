@@ -1,0 +1,133 @@
+// Dispatch of the Hopper forward kernel: what it supports, tensor-map encoding, and the choice of
+// explicit instantiation (src/cuda/inst/sm90_fwd_*.cu).
+#include "cuda/sm90/sm90.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "cuda/sm90/launch.hpp"
+#include "cuda/sm90/tile_size.hpp"
+
+namespace flashattn::cuda::sm90 {
+namespace {
+
+[[noreturn]] void fail(const std::string& what, cudaError_t e) {
+  throw Error("flashattn sm90 forward: " + what + ": " + cudaGetErrorString(e));
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda needed), §3.1.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverEntryPointQueryResult q{};
+    void* f = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  });
+  if (!fn) throw Error("flashattn sm90 forward: cuTensorMapEncodeTiled is not available from the driver");
+  return fn;
+}
+
+// A (batch, rows, heads, D) 16-bit tensor as a 5-D TMA map (64, rows, D/64, heads, batch): dim 0 is
+// one 128-byte column chunk, dim 2 walks the chunks (stride 128 B), so a box of (64, box_rows,
+// chunks) lands in smem as `chunks` consecutive (box_rows × 128 B) swizzled chunks (§3.2).
+CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, int64_t heads, int64_t d,
+                     int box_rows, int box_chunks, bool f16) {
+  // A dimension of extent 1 never uses its stride; give it a legal one.
+  auto stride_bytes = [](int64_t extent, int64_t elems) -> cuuint64_t {
+    return extent == 1 ? cuuint64_t(128) : cuuint64_t(elems * 2);
+  };
+  CUtensorMap map;
+  const cuuint64_t dims[5] = {64, cuuint64_t(rows), cuuint64_t(d / 64), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[4] = {stride_bytes(rows, t.row_stride), 128, stride_bytes(heads, t.head_stride),
+                                 stride_bytes(batch, t.batch_stride)};
+  const cuuint32_t box[5] = {64, cuuint32_t(box_rows), cuuint32_t(box_chunks), 1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode_fn()(&map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                 5, t.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("flashattn sm90 forward: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
+  return map;
+}
+
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+bool strides_ok(const detail::TensorRef& t) {  // TMA: global strides multiple of 16 B
+  return aligned16(t.data) && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 && t.batch_stride % 8 == 0 &&
+         t.row_stride >= 0 && t.head_stride >= 0 && t.batch_stride >= 0;
+}
+
+template <int kHeadDim, bool kF16>
+cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
+  return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
+}
+
+}  // namespace
+
+bool supports(const detail::Params& p) {
+  if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
+  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.varlen() || p.softcap != 0.f || p.window_left >= 0) return false;
+  if (p.causal ? p.window_right != 0 : p.window_right >= 0) return false;  // causal only, no window
+  if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
+  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
+  if (p.heads % p.heads_kv != 0) return false;
+  if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31)) return false;
+  // tile count m_blocks · heads · batch must fit an int (grid x)
+  if ((p.seqlen_q + 127) / 128 * p.heads * p.batch >= (int64_t(1) << 31)) return false;
+  if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
+  static const bool sm90 = device_is_sm90();
+  return sm90;
+}
+
+void forward(const detail::Params& p) {
+  if (!supports(p)) throw Error("flashattn sm90 forward: unsupported configuration");
+  const bool f16 = p.dtype == DType::f16;
+  const int d = int(p.head_dim);
+  const int block_m = FwdTile<64>::kBlockM;
+  const int block_n = d == 64 ? FwdTile<64>::kBlockN : d == 128 ? FwdTile<128>::kBlockN : FwdTile<256>::kBlockN;
+  FwdArgs a{};
+  a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
+  a.tm_k = make_map(p.k, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
+  a.tm_v = make_map(p.v, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
+  a.tm_o = make_map(p.out, p.batch, p.seqlen_q, p.heads, d, 64, 1, f16);  // one 64-row WG, one chunk
+  a.lse = p.lse.data;
+  a.lse_batch_stride = p.lse.batch_stride;
+  a.lse_head_stride = p.lse.head_stride;
+  a.lse_row_stride = p.lse.row_stride;
+  a.seqlen_q = int(p.seqlen_q);
+  a.seqlen_k = int(p.seqlen_k);
+  a.heads = int(p.heads);
+  a.group = int(p.heads / p.heads_kv);
+  a.scale_log2 = float(double(p.scale) * 1.4426950408889634);  // folded once, here
+  a.batch = int(p.batch);
+  a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
+  cudaStream_t s = static_cast<cudaStream_t>(p.stream);
+  cudaError_t e = cudaSuccess;
+  switch (d) {
+    case 64: e = f16 ? launch<64, true>(a, p, s) : launch<64, false>(a, p, s); break;
+    case 128: e = f16 ? launch<128, true>(a, p, s) : launch<128, false>(a, p, s); break;
+    default: e = f16 ? launch<256, true>(a, p, s) : launch<256, false>(a, p, s); break;
+  }
+  if (e != cudaSuccess) fail("kernel launch", e);
+}
+
+}  // namespace flashattn::cuda::sm90

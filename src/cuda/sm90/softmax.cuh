@@ -1,0 +1,92 @@
+// Online softmax over a wgmma accumulator fragment (hopper-sm90.md §1.3).
+//
+// A consumer thread (t = 0..127 of its warpgroup, w = t/32, l = t%32) owns two query rows of its
+// 64-row block, 16w + l/4 (half 0) and that + 8 (half 1); register r of an m64nN accumulator holds
+// row half (r>>1)&1 and column 8(r>>2) + 2(l%4) + (r&1). A full row lives in the 4 lanes of a quad,
+// so a row reduction is thread-local plus two xor-shuffles.
+//
+// Each half is one flashattn::SoftmaxState<float, /*kLog2=*/true> (include/flashattn/online_softmax.hpp):
+// scores are kept raw in the accumulator and scaled by scale·log2(e) (folded on the host) inside
+// the exponent, p = 2^(s·scale_log2 − row_max) = one FFMA + MUFU.EX2. row_sum holds this thread's
+// partial sum (its 1/4 of the row's columns) until finalize() reduces it over the quad; every lane
+// of a quad applies the same rescale, so the partial sums stay consistent.
+#pragma once
+
+// online_softmax.hpp calls std::numeric_limits<float>::infinity() (constexpr host) from
+// __host__ __device__ code; it folds to a constant, so silence nvcc's note about it (20013).
+#pragma nv_diag_suppress 20013
+#include "flashattn/online_softmax.hpp"
+#pragma nv_diag_default 20013
+#include "cuda/sm90/ptx.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int kBlockN>
+struct FragmentSoftmax {
+  static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
+  SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
+
+  // Masks scores of keys the row cannot see: key >= k_len, or (causal) key > row + k_len - q_len.
+  // key0 = first key of the tile, row0 = this thread's half-0 query row; both sequence-local.
+  template <bool kCausal>
+  __device__ __forceinline__ static void mask(float (&acc_s)[kRegs], int key0, int row0, int k_len,
+                                              int q_len) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {
+      const int key = key0 + 8 * (r >> 2) + 2 * (lane % 4) + (r & 1);
+      const int row = row0 + 8 * ((r >> 1) & 1);
+      bool visible = key < k_len;
+      if (kCausal) visible = visible && key <= row + k_len - q_len;
+      if (!visible) acc_s[r] = -INFINITY;
+    }
+  }
+
+  // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities
+  // (in place, fp32) and returns the factor acc_o must be multiplied by, per row half.
+  __device__ __forceinline__ void step(float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r)
+        if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc_s[r]);
+      mx = quad_max(mx);
+      rescale[h] = state[h].begin_tile(mx * scale_log2);  // -inf stays -inf: masked tile, no change
+      // exp_offset() is 0 while the row has seen no key, so 2^(-inf - 0) = 0, never NaN.
+      const float offset = state[h].exp_offset();
+      float sum = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r)
+        if (((r >> 1) & 1) == h) {
+          acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset));
+          sum += acc_s[r];
+        }
+      state[h].add_sum(sum);
+    }
+  }
+
+  // acc_o (m64 × D fragment, same row halves) *= rescale.
+  template <int kORegs>
+  __device__ __forceinline__ static void rescale_o(float (&acc_o)[kORegs], const float (&rescale)[2]) {
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) acc_o[r] *= rescale[(r >> 1) & 1];
+  }
+
+  // Reduces row_sum over the quad; afterwards inv_sum()/lse() of each state are the row's values.
+  __device__ __forceinline__ void finalize() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) state[h].row_sum = quad_sum(state[h].row_sum);
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

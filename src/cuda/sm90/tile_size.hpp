@@ -1,0 +1,50 @@
+// Tile configuration of the Hopper forward kernel, one place, with the arithmetic behind it.
+//
+// CTA = 3 warpgroups (384 threads): WG0 = producer (one thread issues TMA), WG1/WG2 = consumers,
+// each owning 64 query rows of the kBlockM = 128 tile (one m64 wgmma row block each).
+//
+// Shared memory (16-bit elements, every tile stored as 64-element = 128-byte column chunks with the
+// 128B swizzle, see hopper-sm90.md §2):
+//   sQ = kBlockM·D·2,  sK = sV = kBlockN·D·2 per stage,  sO = sQ-sized staging for the TMA store.
+//   d64 : 128×128, 3 stages: 16 KiB + 3·(16+16) KiB + sO 16 KiB = 128 KiB
+//   d128: 128×128, 2 stages: 32 KiB + 2·(32+32) KiB + sO 32 KiB = 192 KiB
+//   d256: 128× 80, 2 stages: 64 KiB + 2·(40+40) KiB (O staged in sQ) = 224 KiB   (cap: 227 KiB)
+// Registers per consumer thread (setmaxnreg 240; producer 24: 128·24 + 256·240 = 64512 ≤ 65536):
+//   acc_o = D/2 fp32, acc_s = kBlockN/2 fp32, P = kBlockN/4 packed 16-bit pairs (live together in
+//   the intra-warpgroup-overlapped loop):
+//   d64 : 32 + 64 + 32 = 128     d128: 64 + 64 + 32 = 160     d256: 128 + 40 + 20 = 188
+//   leaving ≥ 64 for softmax state, descriptors, indices.
+// FA3 uses 128×176 (d128), 192×128/192 (d64, 3 consumer WGs) and 128×80 (d256); those are the
+// next tuning step (docs/hopper-kernels.md).
+#pragma once
+
+// Experiment knob for the d128 key tile (128 or 176 = FA3's non-causal choice); see perf-log.
+#ifndef FLASHATTN_SM90_D128_BLOCK_N
+#define FLASHATTN_SM90_D128_BLOCK_N 128
+#endif
+
+namespace flashattn::cuda::sm90 {
+
+template <int kHeadDim>
+struct FwdTile {
+  static constexpr int kBlockM = 128;                        // 2 consumer WGs × 64 rows
+  static constexpr int kBlockN = kHeadDim == 128 ? FLASHATTN_SM90_D128_BLOCK_N : kHeadDim < 128 ? 128 : 80;
+  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
+  static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
+  static constexpr int kConsumerWGs = kBlockM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or one V stage
+  // O gets its own staging buffer where it fits (d64, d128), so the next tile's Q can land while
+  // this tile's last P·V and epilogue run; d256 stages O in sQ (64 + 128 + 64 KiB would not fit).
+  static constexpr bool kSeparateO = 2 * kQBytes + 2 * kStages * kKVBytes + 1024 + 256 <= 232448;
+  static constexpr int kOBytes = kSeparateO ? kQBytes : 0;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOBytes;
+  static_assert(kHeadDim % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
+};
+
+}  // namespace flashattn::cuda::sm90

@@ -36,12 +36,13 @@ Traffic forward_traffic(const Config& c, Algorithm a) {
 
 Traffic backward_traffic(const Config& c, Algorithm a) {
   Traffic t = compulsory_backward(c);
-  // D = rowsum(dO ∘ O), fp32: written once, read once.
-  t.write += 4 * lse_elems(c);
-  t.read += 4 * lse_elems(c);
-  if (a == Algorithm::standard) {
+  if (a == Algorithm::flash) {
+    // D = rowsum(dO ∘ O), fp32: written once by a pre-pass, read once by the main pass.
+    t.write += 4 * lse_elems(c);
+    t.read += 4 * lse_elems(c);
+  } else {
     // Recomputed S (write, read), P (write; read by dV = PᵀdO and by dS), dP (write, read),
-    // dS (write; read by dQ = dS K and dK = dSᵀQ).
+    // dS (write; read by dQ = dS K and dK = dSᵀQ). D = rowsum(P ∘ dP) is formed inside the dS pass.
     const double s = double(score_element_size(c)) * score_elems(c);
     t.write += 4 * s;
     t.read += 6 * s;

@@ -103,6 +103,22 @@ class Checker {
     if (t.data == nullptr && numel(t) > 0) fail(name, "non-null data", "nullptr");
   }
 
+  // An output whose strides map two elements to one address would be written twice at once.
+  void distinct_elements(const char* name, const Tensor& t) const {
+    std::array<std::pair<int64_t, int64_t>, 4> dims{};  // (stride, size) of the dims with size > 1
+    int n = 0;
+    for (int i = 0; i < 4; ++i)
+      if (t.shape[i] > 1) dims[size_t(n++)] = {t.strides[i], t.shape[i]};
+    std::sort(dims.begin(), dims.begin() + n);
+    int64_t reach = 0;  // largest offset reachable with the smaller-stride dims
+    for (int i = 0; i < n; ++i) {
+      if (dims[size_t(i)].first <= reach)
+        fail(name, "strides that give every element its own memory (an output)", "strides " + shape_str(t.strides) +
+             " for shape " + shape_str(t.shape));
+      reach += (dims[size_t(i)].second - 1) * dims[size_t(i)].first;
+    }
+  }
+
   void no_overlap(const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) const {
     if (overlaps(byte_span(out, element_size(out.dtype)), byte_span(in, element_size(in.dtype))) &&
         !interleaved_disjoint(out, in))
@@ -152,6 +168,9 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
   c.same_kind("k", k, "q", q);
   c.same_kind("v", v, "q", q);
   c.same_kind("out", out, "q", q);
+#if !defined(FLASHATTN_WITH_CUDA)
+  if (q.device == Device::cuda) c.fail_type("q", "device cpu (this build has no CUDA backend)", "cuda");
+#endif
   if (o.algorithm != Algorithm::flash && o.algorithm != Algorithm::standard)
     c.fail("algorithm", "flash or standard", "an invalid Algorithm value");
 
@@ -241,6 +260,8 @@ Params check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                      const Options& options) {
   const Checker c("forward");
   Params p = check_common(c, q, k, v, out, lse, options);
+  c.distinct_elements("out", out);
+  if (lse) c.distinct_elements("lse", *lse);
   for (auto [name, in] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
     c.no_overlap("out", out, name, *in);
     if (lse) c.no_overlap("lse", *lse, name, *in);
@@ -271,6 +292,7 @@ Params check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const T
   const std::pair<const char*, const Tensor*> outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   for (const auto& [oname, ot] : outputs)
     for (const auto& [iname, it] : inputs) c.no_overlap(oname, *ot, iname, *it);
+  for (const auto& [oname, ot] : outputs) c.distinct_elements(oname, *ot);
   c.no_overlap("dk", dk, "dq", dq);
   c.no_overlap("dv", dv, "dq", dq);
   c.no_overlap("dv", dv, "dk", dk);

@@ -60,25 +60,16 @@ std::string build_info() {
   return os.str();
 }
 
-namespace {
-[[noreturn]] void no_cuda(const char* call) {
-  throw Error(std::string("flashattn::") + call + ": q: expected device cpu (this build has no CUDA backend), got cuda",
-              Error::Kind::type);
-}
-}  // namespace
-
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
              const Options& options) {
   const detail::Params p = detail::check_forward(q, k, v, out, lse, options);
+#if defined(FLASHATTN_WITH_CUDA)  // without it, check_forward has rejected Device::cuda
   if (p.device == Device::cuda) {
-#if defined(FLASHATTN_WITH_CUDA)
     cuda::check_device_pointers(p, /*backward=*/false);
     cuda::forward(p);
     return;
-#else
-    no_cuda("forward");
-#endif
   }
+#endif
   if (p.algorithm == Algorithm::flash)
     cpu::flash_forward(p);
   else
@@ -88,15 +79,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
               const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& options) {
   const detail::Params p = detail::check_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+#if defined(FLASHATTN_WITH_CUDA)  // without it, check_backward has rejected Device::cuda
   if (p.device == Device::cuda) {
-#if defined(FLASHATTN_WITH_CUDA)
     cuda::check_device_pointers(p, /*backward=*/true);
     cuda::backward(p);
     return;
-#else
-    no_cuda("backward");
-#endif
   }
+#endif
   if (p.algorithm == Algorithm::flash)
     cpu::flash_backward(p);
   else

@@ -76,12 +76,10 @@ struct Matrix {
   char* row(int64_t i) { return bytes.data() + size_t(i * nk) * esz; }
 };
 
-// Pass 1: S rows of one head, in log2 units (scale·log2(e) folded in, as the flash path does), capped and
-// masked (-inf), rounded to the dtype as stored.
+// Pass 1: S rows of one head, scale·q·k (capped, masked to -inf), rounded to the dtype as stored.
 void pass_scores(const Params& p, const TileKernels& tk, const SeqSpan& sp, int64_t h, const KvHead& kv, Matrix& S) {
   const int64_t d = p.head_dim, d_pad = pad_n(d), nq = sp.q_len, nk = sp.k_len;
   const bool capped = p.softcap > 0;
-  const float qmult = capped ? p.scale : p.scale * kLog2e;
 #pragma omp parallel
   {
     Scratch<float> q(size_t(kRows * d_pad)), s(size_t(kRows * kv.nk_pad));
@@ -89,12 +87,12 @@ void pass_scores(const Params& p, const TileKernels& tk, const SeqSpan& sp, int6
 #pragma omp for schedule(static)
     for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
       const int mq = int(std::min<int64_t>(kRows, nq - i0));
-      load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, qmult, q.data(), d_pad);
+      load_rows(p, tk, p.q, sp, sp.q_start, h, i0, mq, p.scale, q.data(), d_pad);
       tk.gemm(mq, int(kv.nk_pad), int(d), q.data(), d_pad, 1, kv.kt.data(), kv.nk_pad, s.data(), kv.nk_pad, nullptr,
               false);
       for (int r = 0; r < mq; ++r) {
         range[r] = detail::visible_keys(p, i0 + r, nq, nk);
-        if (capped) tk.softcap(s.data() + r * kv.nk_pad, int(nk), p.softcap, kLog2e, nullptr);
+        if (capped) tk.softcap(s.data() + r * kv.nk_pad, int(nk), p.softcap, 1.0f, nullptr);
       }
       mask_tile(range, mq, 0, int(nk), s.data(), kv.nk_pad);
       for (int r = 0; r < mq; ++r) tk.store(s.data() + r * kv.nk_pad, int(nk), 1.0f, p.dtype, S.row(i0 + r));
@@ -103,7 +101,7 @@ void pass_scores(const Params& p, const TileKernels& tk, const SeqSpan& sp, int6
 }
 
 // Pass 2: P = softmax(S) row by row (S read back, P written); lse[i] in natural log, -inf for rows
-// that see no key (their P row is 0).
+// that see no key (their P row is 0). Exponentials as exp2 of S·log2(e), taken while reading S.
 void pass_softmax(const Params& p, const TileKernels& tk, int64_t nq, Matrix& S, Matrix& P, float* lse) {
   const int nk = int(S.nk);
 #pragma omp parallel
@@ -111,7 +109,7 @@ void pass_softmax(const Params& p, const TileKernels& tk, int64_t nq, Matrix& S,
     Scratch<float> row(size_t(std::max(nk, 1)));
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < nq; ++i) {
-      tk.load(S.row(i), p.dtype, nk, 1.0f, row.data());
+      tk.load(S.row(i), p.dtype, nk, kLog2e, row.data());
       const float m = tk.row_max(row.data(), nk);
       if (m == -std::numeric_limits<float>::infinity()) {
         std::fill(row.data(), row.data() + nk, 0.0f);
@@ -187,7 +185,7 @@ void standard_backward(const Params& p) {
   const size_t esz = dtype_bytes(p.dtype);
   const float ninf = -std::numeric_limits<float>::infinity();
   Matrix S, P, dP;
-  Scratch<float> lse(size_t(std::max<int64_t>(p.max_seqlen_q, 1))), D(lse.size());
+  Scratch<float> lse(size_t(std::max<int64_t>(p.max_seqlen_q, 1)));
   KvHead kv;
   for (int64_t b = 0; b < p.batch; ++b) {
     const SeqSpan sp = detail::seq_span(p, b);
@@ -205,16 +203,10 @@ void standard_backward(const Params& p) {
         // Recompute S and P (materialized again).
         stage(p, "S = scale·QKᵀ  (write S)", 2 * nn * double(d), e * (qd + kd + nn), [&] { pass_scores(p, tk, sp, h, kv, S); });
         stage(p, "P = softmax(S) (read S, write P)", 0, 2 * e * nn, [&] { pass_softmax(p, tk, nq, S, P, lse.data()); });
-        stage(p, "D = rowsum(dO∘O), dP = dO·Vᵀ (write dP)", 2 * nn * double(d), e * (3 * qd + kd + nn), [&] {
+        stage(p, "dP = dO·Vᵀ     (write dP)", 2 * nn * double(d), e * (qd + kd + nn), [&] {
 #pragma omp parallel
           {
-            Scratch<float> o{size_t(d_pad)}, g{size_t(kRows * d_pad)}, s{size_t(kRows * kv.nk_pad)};
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < nq; ++i) {
-              load_rows(p, tk, p.out, sp, sp.q_start, h, i, 1, 1.0f, o.data(), d_pad);
-              load_rows(p, tk, p.dout, sp, sp.q_start, h, i, 1, 1.0f, g.data(), d_pad);
-              D[size_t(i)] = tk.dot(o.data(), g.data(), int(d));
-            }
+            Scratch<float> g{size_t(kRows * d_pad)}, s{size_t(kRows * kv.nk_pad)};
 #pragma omp for schedule(static)
             for (int64_t i0 = 0; i0 < nq; i0 += kRows) {
               const int mq = int(std::min<int64_t>(kRows, nq - i0));
@@ -225,7 +217,8 @@ void standard_backward(const Params& p) {
             }
           }
         });
-        // dS = P ∘ (dP − D) (through softcap's tanh: t = capped score / cap), written over dP
+        // dS = P ∘ (dP − D) with D = rowsum(P ∘ dP) from the stored P and dP, as a framework's softmax
+        // backward computes it (through softcap's tanh: t = capped score / cap); written over dP.
         stage(p, "dS = P∘(dP−D)  (read P, dP; write dS)", 0, (p.softcap > 0 ? 4 : 3) * e * nn, [&] {
 #pragma omp parallel
           {
@@ -236,12 +229,12 @@ void standard_backward(const Params& p) {
               tk.load(dP.row(i), p.dtype, int(nk), 1.0f, s.data());
               const float* t = nullptr;
               if (p.softcap > 0) {
-                tk.load(S.row(i), p.dtype, int(nk), 1.0f / (kLog2e * p.softcap), trow.data());
+                tk.load(S.row(i), p.dtype, int(nk), 1.0f / p.softcap, trow.data());
                 for (int64_t j = 0; j < nk; ++j)
                   if (trow[size_t(j)] == ninf) trow[size_t(j)] = 0.0f;  // masked: P = 0 there anyway
                 t = trow.data();
               }
-              tk.dsoftmax(prow.data(), s.data(), D[size_t(i)], t, int(nk), s.data());
+              tk.dsoftmax(prow.data(), s.data(), tk.dot(prow.data(), s.data(), int(nk)), t, int(nk), s.data());
               tk.store(s.data(), int(nk), 1.0f, p.dtype, dP.row(i));
             }
           }

@@ -1,0 +1,115 @@
+// A small case of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, ...). No GoogleTest:
+// run as `compute-sanitizer --tool racecheck cuda_sanitize_driver`. Exit code 0 = every call returned
+// without Error and every output is finite.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+
+using namespace flashattn;
+
+namespace {
+void ck(cudaError_t e) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA: %s\n", cudaGetErrorString(e));
+    std::exit(2);
+  }
+}
+
+struct Buf {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Buf(size_t bytes) : n(bytes) { ck(cudaMalloc(&p, bytes)); }
+  ~Buf() { cudaFree(p); }
+};
+
+// Random 16-bit data: f16 or bf16 values in [-2, 2) built bitwise on the host.
+void fill(Buf& b, DType t, std::mt19937& rng) {
+  std::vector<uint16_t> h(b.n / 2);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (auto& x : h) {
+    float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if (t == DType::bf16) {
+      x = uint16_t(bits >> 16);
+    } else {  // crude f16: exponent rebias, good enough for random test data
+      const uint32_t sign = (bits >> 16) & 0x8000u;
+      const int e = int((bits >> 23) & 0xff) - 127 + 15;
+      x = e <= 0 ? uint16_t(sign) : uint16_t(sign | (uint32_t(e) << 10) | ((bits >> 13) & 0x3ffu));
+    }
+  }
+  ck(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
+}
+
+bool finite16(const Buf& b, DType t) {
+  std::vector<uint16_t> h(b.n / 2);
+  ck(cudaMemcpy(h.data(), b.p, b.n, cudaMemcpyDeviceToHost));
+  for (uint16_t x : h) {
+    const bool inf_nan = t == DType::bf16 ? ((x & 0x7f80u) == 0x7f80u) : ((x & 0x7c00u) == 0x7c00u);
+    if (inf_nan) return false;
+  }
+  return true;
+}
+
+int run(DType t, int d, bool causal, Algorithm algo, bool varlen) {
+  std::mt19937 rng(d * 7 + causal);
+  const int64_t B = varlen ? 1 : 2, Nq = varlen ? 150 : 70, Nk = varlen ? 190 : 90, H = 4, Hkv = 2;
+  const size_t e = 2;
+  Buf q(B * Nq * H * d * e), k(B * Nk * Hkv * d * e), v(B * Nk * Hkv * d * e), o(B * Nq * H * d * e),
+      lse(B * H * Nq * 4), dout(B * Nq * H * d * e), dq(B * Nq * H * d * e), dk(B * Nk * Hkv * d * e),
+      dv(B * Nk * Hkv * d * e);
+  fill(q, t, rng); fill(k, t, rng); fill(v, t, rng); fill(dout, t, rng);
+  Options opt;
+  opt.causal = causal;
+  opt.algorithm = algo;
+  opt.deterministic = true;
+  std::vector<int32_t> cq = {0, 60, 60, 150}, ckv = {0, 50, 120, 190};
+  Buf cuq(16), cuk(16);
+  if (varlen) {
+    ck(cudaMemcpy(cuq.p, cq.data(), 16, cudaMemcpyHostToDevice));
+    ck(cudaMemcpy(cuk.p, ckv.data(), 16, cudaMemcpyHostToDevice));
+    opt.cu_seqlens_q = static_cast<int32_t*>(cuq.p);
+    opt.cu_seqlens_k = static_cast<int32_t*>(cuk.p);
+    opt.max_seqlen_q = 90;
+    opt.max_seqlen_k = 70;
+    opt.varlen_batch = 3;
+  }
+  const int64_t Bt = varlen ? 1 : B;
+  auto T = [&](Buf& b, int64_t n, int64_t h) { return make_tensor(b.p, t, {Bt, n, h, d}, Device::cuda); };
+  Tensor tl = make_tensor(lse.p, DType::f32, {Bt, H, Nq, 1}, Device::cuda);
+  try {
+    forward(T(q, Nq, H), T(k, Nk, Hkv), T(v, Nk, Hkv), T(o, Nq, H), &tl, opt);
+    backward(T(q, Nq, H), T(k, Nk, Hkv), T(v, Nk, Hkv), T(o, Nq, H), T(dout, Nq, H), tl, T(dq, Nq, H),
+             T(dk, Nk, Hkv), T(dv, Nk, Hkv), opt);
+    ck(cudaDeviceSynchronize());
+  } catch (const Error& err) {
+    std::printf("ERROR %s\n", err.what());
+    return 1;
+  }
+  const bool ok = finite16(o, t) && finite16(dq, t) && finite16(dk, t) && finite16(dv, t);
+  std::printf("%s %s d%d causal=%d varlen=%d: %s\n", to_string(algo), to_string(t), d, causal, varlen,
+              ok ? "ok" : "NON-FINITE");
+  return ok ? 0 : 1;
+}
+}  // namespace
+
+int main() {
+  if (!cuda_available()) {
+    std::printf("no CUDA device: nothing to check\n");
+    return 0;
+  }
+  int fails = 0;
+  for (int d : {32, 64, 96, 128, 192, 256}) fails += run(DType::f16, d, d % 64 == 0, Algorithm::flash, false);
+  fails += run(DType::bf16, 128, true, Algorithm::flash, true);
+  fails += run(DType::bf16, 64, false, Algorithm::standard, false);
+  fails += run(DType::f16, 64, true, Algorithm::standard, true);
+  std::printf("sanitize driver: %d failures\n", fails);
+  return fails ? 1 : 0;
+}

@@ -8,6 +8,8 @@
 traffic.json -> bytes_moved.png  (bytes moved vs N, standard vs flash, forward and backward, log scale)
 bench.json   -> throughput.png   (FLOP/s vs N per head_dim and causal, one line per algorithm
                                   and, for rows carrying "backend", per peer backend)
+compare.json -> throughput.png   (the same from bench/compare_torch.py --json: ours, PyTorch's
+                                  FlashAttention-2 and cuDNN backends, measured in one run)
 """
 import argparse
 import json
@@ -39,20 +41,23 @@ def plot_bench(rows, out):
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["head_dim"], r["causal"]) for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.8), squeeze=False)
-    for ax, (d, causal) in zip(axes[0], groups):
+    unit, unit_name = (1e12, "TFLOP/s") if max(r["fwd_flops_per_s"] for r in rows) > 1e13 else (1e9, "GFLOP/s")
+    ncols = min(len(groups), 2)
+    nrows = (len(groups) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
+    for ax, (d, causal) in zip(axes.flat, groups):
         sel = [r for r in rows if r["head_dim"] == d and r["causal"] == causal]
-        for name in sorted({r.get("backend", r["algorithm"]) for r in sel}):
-            pts = sorted((r["seqlen_q"], r["fwd_flops_per_s"]) for r in sel if r.get("backend", r["algorithm"]) == name)
-            ax.plot([p[0] for p in pts], [p[1] / 1e9 for p in pts], marker="o", label=f"{name} fwd")
+        for name in sorted({(r.get("backend") or r["algorithm"]) for r in sel}):
+            pts = sorted((r["seqlen_q"], r["fwd_flops_per_s"]) for r in sel if (r.get("backend") or r["algorithm"]) == name)
+            ax.plot([p[0] for p in pts], [p[1] / unit for p in pts], marker="o", label=f"{name} fwd")
             bw = sorted((r["seqlen_q"], r["bwd_flops_per_s"]) for r in sel
-                        if r.get("backend", r["algorithm"]) == name and "bwd_flops_per_s" in r)
+                        if (r.get("backend") or r["algorithm"]) == name and "bwd_flops_per_s" in r)
             if bw:
-                ax.plot([p[0] for p in bw], [p[1] / 1e9 for p in bw], "--", marker="x", label=f"{name} bwd")
+                ax.plot([p[0] for p in bw], [p[1] / unit for p in bw], "--", marker="x", label=f"{name} bwd")
         ax.set_xscale("log", base=2)
         ax.set_title(f"d={d} {'causal' if causal else 'no mask'}")
         ax.set_xlabel("N")
-        ax.set_ylabel("GFLOP/s")
+        ax.set_ylabel(unit_name)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -64,6 +69,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traffic")
     ap.add_argument("--bench")
+    ap.add_argument("--compare", help="JSON of bench/compare_torch.py")
+    ap.add_argument("--compare-name", default="throughput.png")
     ap.add_argument("--out", default="docs/img")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -71,6 +78,13 @@ def main():
         plot_traffic(json.load(open(a.traffic)), os.path.join(a.out, "bytes_moved.png"))
     if a.bench:
         plot_bench(json.load(open(a.bench)), os.path.join(a.out, "throughput.png"))
+    if a.compare:
+        rows = []
+        for r in json.load(open(a.compare)):
+            for backend, name in (("ours", "flashattn"), ("fa2", "FA2 (PyTorch)"), ("cudnn", "cuDNN (PyTorch)")):
+                rows.append({"head_dim": r["d"], "causal": r["causal"], "seqlen_q": r["n"], "backend": name,
+                             "fwd_flops_per_s": r[f"{backend}_fwd_tf"] * 1e12, "bwd_flops_per_s": r[f"{backend}_bwd_tf"] * 1e12})
+        plot_bench(rows, os.path.join(a.out, a.compare_name))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,11 @@ void check_flash_layout(const detail::TensorRef& t, const char* name, int64_t ba
 }
 
 const KernelEntry& flash_kernel_for(const detail::Params& p, bool backward) {
+  // The portable kernels take the row maximum of the raw scores q·k and mask with -inf before the
+  // scale is applied, which is only right for a positive scale.
+  if (!(p.scale > 0))
+    throw Error("scale: the CUDA flash kernels need scale > 0, got " + std::to_string(p.scale) +
+                " (use Algorithm::standard)");
   if (p.head_dim % 8 != 0)
     throw Error("head_dim: the CUDA flash kernels need a multiple of 8, got " + std::to_string(p.head_dim) +
                 " (use Algorithm::standard)");

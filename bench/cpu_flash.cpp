@@ -4,7 +4,8 @@
 //   cpu_flash check                      # edge-shape suite, forward + backward
 //   cpu_flash bench [d] [causal] [N] [H] [reps] [fwd|bwd|both]   # best and median of reps
 //   cpu_flash det                        # hash of all outputs: compare across thread counts
-// FLASHATTN_CPU_ISA=scalar|avx2|avx512 picks the tile kernels; OMP_NUM_THREADS the threads.
+// FLASHATTN_CPU_ISA=scalar|avx2|avx512 picks the tile kernels (the avx2/avx512 tables do their tile
+// products with OpenBLAS, the scalar one with plain loops); OMP_NUM_THREADS the threads.
 // FLOPs: forward 4·B·H·Nq·Nk·d (half for causal), backward 2.5× forward.
 #include <omp.h>
 
@@ -24,10 +25,9 @@
 #include "core/dtype.hpp"
 #include "cpu/isa.hpp"
 
-#if defined(FLASHATTN_BENCH_OPENBLAS)
-#include <cblas.h>
-extern "C" void openblas_set_num_threads(int);
-#endif
+// From the OpenBLAS the library links (src/cpu/gemm_blas.cpp): which build is loaded.
+extern "C" char* openblas_get_config(void);
+extern "C" int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP
 
 using namespace flashattn;
 using detail::Params;
@@ -277,7 +277,8 @@ int check() {
   add("0x17", 0, 17, 64);
   add("17x0", 17, 0, 64);
   int fails = 0;
-  std::printf("isa %s, %d threads\n", cpu::isa_name(), omp_get_max_threads());
+  std::printf("isa %s, %d threads, OpenBLAS: %s (parallel %d)\n", cpu::isa_name(),
+              omp_get_max_threads(), openblas_get_config(), openblas_get_parallel());
   for (const Config& c : cs) fails += !run_check(c, g);
   std::printf("%d failures\n", fails);
   return fails ? 1 : 0;
@@ -294,31 +295,6 @@ double cpu_now() {
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-#if defined(FLASHATTN_BENCH_OPENBLAS)
-// The tile products through OpenBLAS's sgemm (single-threaded: the kernels parallelize above it),
-// everything else from the chosen table: FLASHATTN_BENCH_GEMM=openblas.
-void blas_gemm(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
-               int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate) {
-  if (m == 0 || n == 0) return;
-  if (accumulate && row_scale)
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < n; ++j) c[i * ldc + j] *= row_scale[i];
-  if (k == 0) {
-    if (!accumulate)
-      for (int i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
-    return;
-  }
-  const float beta = accumulate ? 1.0f : 0.0f;
-  if (csa == 1)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, int(rsa), b, int(ldb),
-                beta, c, int(ldc));
-  else  // rsa == 1: A is the transposed view of a row-major (k, m) tile
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, a, int(csa), b, int(ldb),
-                beta, c, int(ldc));
-}
-cpu::TileKernels g_blas_table;
-#endif
 
 int bench(int argc, char** argv) {
   Config c;
@@ -392,15 +368,6 @@ int det() {
 }  // namespace
 
 int main(int argc, char** argv) {
-#if defined(FLASHATTN_BENCH_OPENBLAS)
-  if (const char* e = std::getenv("FLASHATTN_BENCH_GEMM"); e && !std::strcmp(e, "openblas")) {
-    openblas_set_num_threads(1);
-    g_blas_table = cpu::tile_kernels();
-    g_blas_table.gemm = blas_gemm;
-    g_blas_table.name = "openblas-gemm";
-    cpu::override_tile_kernels(&g_blas_table);
-  }
-#endif
   const std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "check") return check();
   if (mode == "bench") return bench(argc, argv);

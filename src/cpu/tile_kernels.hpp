@@ -56,6 +56,10 @@ struct TileKernels {
   void (*dsoftmax)(const float* p, const float* dp, float d, const float* t, int n, float* ds);
 };
 
+// TileKernels::gemm through cblas_sgemm (gemm_blas.cpp); used by the SIMD tables.
+void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
+               int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate);
+
 extern const TileKernels kTileKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const TileKernels kTileKernelsAvx2;

@@ -1,4 +1,5 @@
 // AVX2 + FMA + F16C tile kernels: the x86-64 baseline (compiled with -mavx2 -mfma -mf16c).
+// Tile products: gemm_blas (OpenBLAS, gemm_blas.cpp).
 #include <immintrin.h>
 
 #include <cmath>
@@ -13,8 +14,6 @@ namespace {
 struct T {
   using V = __m256;
   static constexpr int kLanes = 8;
-  // 6 rows × 2 vectors = 12 accumulators + 2 B vectors + 1 broadcast = 15 of 16 registers.
-  static constexpr int kMR = 6, kNV = 2;
 
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -80,13 +79,26 @@ struct T {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  // Round to nearest even (u + 0x7fff + lsb, then the high half); NaN → quiet NaN (high half | 0x40),
+  // bit-identical to detail::float_to_bf16.
+  static void store_bf16(uint16_t* p, V v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    // 8 × u32 (each < 2^16) → 8 × u16: packus within 128-bit lanes, then gather qwords 0 and 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
 };
 
 #include "cpu/tile_kernels_simd.inl"
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx2 = {"avx2", gemm,  row_max, exp2_sum, softcap,
-                                      load,   store, dot,     dsoftmax};
+const TileKernels kTileKernelsAvx2 = {"avx2", gemm_blas, row_max, exp2_sum, softcap,
+                                      load,   store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

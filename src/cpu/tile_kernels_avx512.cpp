@@ -1,6 +1,6 @@
 // AVX-512 tile kernels (compiled with -mavx512f/bw/vl/dq -mfma; chosen by isa.cpp when the CPU
 // has AVX-512F/BW/VL/DQ). Zen 4 executes a 512-bit FMA on both 256-bit pipes, so the peak equals
-// AVX2's; the gain is half the instructions and 32 registers, which allow a 12×32 GEMM block.
+// AVX2's; the gain is half the instructions and masked tails. Tile products: gemm_blas (OpenBLAS).
 // GCC 12's avx512fintrin.h initializes some results from _mm512_undefined_*(), which -Wall reports
 // as uninitialized uses inside the header (a known false positive of that header).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -19,8 +19,6 @@ namespace {
 struct T {
   using V = __m512;
   static constexpr int kLanes = 16;
-  // 12 rows × 2 vectors = 24 accumulators + 2 B vectors + 1 broadcast = 27 of 32 registers.
-  static constexpr int kMR = 12, kNV = 2;
 
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -62,13 +60,24 @@ struct T {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  // Round to nearest even (u + 0x7fff + lsb, then the high half); NaN → quiet NaN (high half | 0x40),
+  // bit-identical to detail::float_to_bf16.
+  static void store_bf16(uint16_t* p, V v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
 };
 
 #include "cpu/tile_kernels_simd.inl"
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx512 = {"avx512", gemm,  row_max, exp2_sum, softcap,
-                                        load,     store, dot,     dsoftmax};
+const TileKernels kTileKernelsAvx512 = {"avx512", gemm_blas, row_max, exp2_sum, softcap,
+                                        load,     store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

@@ -3,86 +3,10 @@
 //
 // T provides: V (vector of T::kLanes floats), load/store/loadu_partial/store_partial, set1, zero,
 // fmadd, add, sub, mul, max, reduce_add, reduce_max, round_exp2 (2^n for integral-valued n, 0 for
-// n <= -150), load_f16/load_bf16/store_f16/store_bf16 (full vectors), and the register blocking
-// of the GEMM micro-kernel: kMR rows × kNV vectors of accumulators.
+// n <= -150), load_f16/load_bf16/store_f16/store_bf16 (full vectors).
+// The tile products (gemm) are not here: both SIMD tables use gemm_blas (OpenBLAS, gemm_blas.cpp).
 //
 // Not a header: no include guard, included exactly once per ISA file inside its namespace.
-
-// ---- GEMM ---------------------------------------------------------------------------------------
-// The micro-kernel keeps an M×(NV·kLanes) block of C in registers and walks the k dimension: per
-// step NV vector loads of B, M broadcasts of A and M·NV independent FMAs. M·NV ≥ 8 independent
-// chains covers the FMA latency (4 cycles) × pipes (2 on Zen 4 for 256-bit, 1 for 512-bit).
-template <int M, int NV>
-static inline void micro_kernel(int k, const float* a, int64_t rsa, int64_t csa, const float* b,
-                                int64_t ldb, float* c, int64_t ldc, const float* row_scale,
-                                bool accumulate) {
-  using V = typename T::V;
-  constexpr int L = T::kLanes;
-  V acc[M][NV];
-  for (int i = 0; i < M; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = T::zero();
-  const float* ap[M];
-  for (int i = 0; i < M; ++i) ap[i] = a + i * rsa;
-  for (int p = 0; p < k; ++p) {
-    V bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = T::load(b + v * L);
-    for (int i = 0; i < M; ++i) {
-      const V av = T::set1(ap[i][0]);
-      for (int v = 0; v < NV; ++v) acc[i][v] = T::fmadd(av, bv[v], acc[i][v]);
-    }
-    for (int i = 0; i < M; ++i) ap[i] += csa;
-    b += ldb;
-  }
-  for (int i = 0; i < M; ++i) {
-    float* ci = c + i * ldc;
-    if (accumulate) {
-      if (row_scale) {
-        const V s = T::set1(row_scale[i]);
-        for (int v = 0; v < NV; ++v) acc[i][v] = T::fmadd(T::load(ci + v * L), s, acc[i][v]);
-      } else {
-        for (int v = 0; v < NV; ++v) acc[i][v] = T::add(T::load(ci + v * L), acc[i][v]);
-      }
-    }
-    for (int v = 0; v < NV; ++v) T::store(ci + v * L, acc[i][v]);
-  }
-}
-
-template <int NV>
-static inline void gemm_column_block(int m, int k, const float* a, int64_t rsa, int64_t csa,
-                                     const float* b, int64_t ldb, float* c, int64_t ldc,
-                                     const float* row_scale, bool accumulate) {
-  constexpr int MR = T::kMR;
-  int i0 = 0;
-  for (; i0 + MR <= m; i0 += MR)
-    micro_kernel<MR, NV>(k, a + i0 * rsa, rsa, csa, b, ldb, c + i0 * ldc, ldc,
-                         row_scale ? row_scale + i0 : nullptr, accumulate);
-  const int rest = m - i0;
-  if (rest == 0) return;
-  a += i0 * rsa;
-  c += i0 * ldc;
-  const float* rs = row_scale ? row_scale + i0 : nullptr;
-  // The remaining rows (fewer than MR): one instantiation per count.
-  switch (rest) {
-#define FLASHATTN_TAIL(R) \
-  case R: micro_kernel<(R < MR ? R : 1), NV>(k, a, rsa, csa, b, ldb, c, ldc, rs, accumulate); break;
-    FLASHATTN_TAIL(1) FLASHATTN_TAIL(2) FLASHATTN_TAIL(3) FLASHATTN_TAIL(4) FLASHATTN_TAIL(5)
-    FLASHATTN_TAIL(6) FLASHATTN_TAIL(7) FLASHATTN_TAIL(8) FLASHATTN_TAIL(9) FLASHATTN_TAIL(10)
-    FLASHATTN_TAIL(11) FLASHATTN_TAIL(12) FLASHATTN_TAIL(13)
-#undef FLASHATTN_TAIL
-    default: break;
-  }
-}
-
-static void gemm(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
-                 int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate) {
-  constexpr int L = T::kLanes, NV = T::kNV;
-  // Column blocks outer: the k×(NV·L) panel of B stays in L1 while every row block uses it.
-  int j0 = 0;
-  for (; j0 + NV * L <= n; j0 += NV * L)
-    gemm_column_block<NV>(m, k, a, rsa, csa, b + j0, ldb, c + j0, ldc, row_scale, accumulate);
-  for (; j0 < n; j0 += L)  // n % kPadN == 0 and kPadN is a multiple of L
-    gemm_column_block<1>(m, k, a, rsa, csa, b + j0, ldb, c + j0, ldc, row_scale, accumulate);
-}
 
 // ---- row operations ---------------------------------------------------------------------------
 static float row_max(const float* x, int n) {
@@ -199,8 +123,11 @@ static void store(const float* src, int n, float mult, DType type, void* dst) {
       for (; j + L <= n; j += L) T::store_f16(d + j, T::mul(T::load(src + j), mv));
       break;
     }
-    case DType::bf16:  // round-to-nearest-even with NaN handling: the scalar path (rare: outputs)
+    case DType::bf16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (; j + L <= n; j += L) T::store_bf16(d + j, T::mul(T::load(src + j), mv));
       break;
+    }
   }
   for (; j < n; ++j) detail::store_from_float(dst, j, type, mult * src[j]);
 }

@@ -1,0 +1,56 @@
+// The tile products of the SIMD tables through OpenBLAS's cblas_sgemm (Debian's OpenMP build,
+// libopenblas-openmp-dev). Measured faster than the hand-written AVX2/AVX-512 micro-kernels it
+// replaced on every bar shape (docs/perf-log.md, CPU v2), so the micro-kernels were removed; the
+// scalar table keeps its plain loops as the correctness baseline.
+//
+// Threading: every call comes from inside the kernels' own `omp parallel` regions. OpenBLAS's
+// OpenMP build runs a call single-threaded when omp_in_parallel() is true (num_cpu_avail() in its
+// common_thread.h), so nothing process-wide (openblas_set_num_threads) is touched. That needs the
+// OpenMP build to be the one loaded at run time: Debian's alternatives point libopenblas.so.0 at
+// the pthread build by default, so CMake links the OpenMP build by its full path (its directory
+// is then in the RUNPATH of what links it). openblas_get_parallel() tells which one is loaded.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/tile_kernels.hpp"
+
+namespace flashattn::cpu {
+
+void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
+               int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  if (accumulate && row_scale)  // the online-softmax rescale of acc: one pass over C
+    for (int i = 0; i < m; ++i) {
+      float* ci = c + i * ldc;
+      const float s = row_scale[i];
+      for (int j = 0; j < n; ++j) ci[j] *= s;
+    }
+  if (k <= 0) {
+    if (!accumulate)
+      for (int i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * size_t(n));
+    return;
+  }
+  const float beta = accumulate ? 1.0f : 0.0f;
+  // cblas checks every leading dimension against the matrix width even when only one row is read.
+  const blasint ldb_ = k == 1 ? n : blasint(ldb);
+  const blasint ldc_ = m == 1 ? n : blasint(ldc);
+  if (csa == 1 && (rsa >= k || m == 1)) {  // row-major A
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a,
+                m == 1 ? k : blasint(rsa), b, ldb_, beta, c, ldc_);
+  } else if (rsa == 1 && (csa >= m || k == 1)) {  // A is the transposed view of a row-major (k, m) tile
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, a,
+                k == 1 ? m : blasint(csa), b, ldb_, beta, c, ldc_);
+  } else {  // any other strides (no caller uses them): pack A row-major first
+    thread_local std::vector<float> packed;
+    packed.resize(size_t(m) * size_t(k));
+    for (int i = 0; i < m; ++i)
+      for (int p = 0; p < k; ++p) packed[size_t(i) * k + p] = a[i * rsa + p * csa];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, packed.data(), k, b,
+                ldb_, beta, c, ldc_);
+  }
+}
+
+}  // namespace flashattn::cpu

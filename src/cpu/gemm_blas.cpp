@@ -21,10 +21,9 @@ namespace flashattn::cpu {
 
 namespace {
 // The tile products are called from inside our OpenMP parallel regions, where Debian's OpenMP
-// build of OpenBLAS runs single-threaded by itself. When the process has loaded a pthread build
-// instead (another libopenblas.so.0 found first, e.g. a system default), every call would start
-// its own pool of threads on top of ours (on the H200 machine's 16-core Xeon, where the image's pthread OpenBLAS 0.3.26 was loaded, a run of the CPU comparison measured 3-5x less than the same binary elsewhere); such a build is
-// told once to use one thread.
+// build of OpenBLAS runs single-threaded by itself. A process may load a pthread build instead
+// (another libopenblas.so.0 found first: the H200 machine's image has one), and that build would
+// start its own pool of threads on every call, on top of ours; it is told once to use one thread.
 void guard_blas_threads() {
   static const bool once = [] {
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);  // 1 = pthreads, 2 = OpenMP

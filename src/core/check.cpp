@@ -109,7 +109,8 @@ class Checker {
     int n = 0;
     for (int i = 0; i < 4; ++i)
       if (t.shape[i] > 1) dims[size_t(n++)] = {t.strides[i], t.shape[i]};
-    std::sort(dims.begin(), dims.begin() + n);
+    for (int i = 1; i < n; ++i)  // insertion sort by stride (at most 4 entries)
+      for (int j = i; j > 0 && dims[size_t(j)] < dims[size_t(j - 1)]; --j) std::swap(dims[size_t(j)], dims[size_t(j - 1)]);
     int64_t reach = 0;  // largest offset reachable with the smaller-stride dims
     for (int i = 0; i < n; ++i) {
       if (dims[size_t(i)].first <= reach)

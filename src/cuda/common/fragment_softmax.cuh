@@ -7,20 +7,13 @@
 #pragma once
 
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/quad_reduce.cuh"
 #include "flashattn/online_softmax.hpp"
 
 namespace flashattn::cuda {
 
 using RowState = SoftmaxState<float, true>;
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Fold one tile of raw scores into the states of a band's two rows and turn the scores into
 // probabilities in place. acc_s[nt][4] holds the band's C fragments (masked entries = -inf);

@@ -12,23 +12,12 @@
 // of a quad applies the same rescale, so the partial sums stay consistent.
 #pragma once
 
-// online_softmax.hpp calls std::numeric_limits<float>::infinity() (constexpr host) from
-// __host__ __device__ code; it folds to a constant, so silence nvcc's note about it (20013).
-#pragma nv_diag_suppress 20013
-#include "flashattn/online_softmax.hpp"
-#pragma nv_diag_default 20013
+#include "cuda/common/quad_reduce.cuh"
 #include "cuda/sm90/ptx.cuh"
+#include "flashattn/online_softmax.hpp"
 
 namespace flashattn::cuda::sm90 {
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 template <int kBlockN>
 struct FragmentSoftmax {

@@ -45,7 +45,7 @@ int run_bench(const BenchArgs& a) {
                 time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, a.reps, 200);
             double err = NAN;
             if (a.check_rows > 0) err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
-            const double tol = c.dtype == DType::f32 ? 1e-4 : c.dtype == DType::f16 ? 5e-3 : 4e-2;
+            const double tol = sampled_error_bound(c.dtype);
             const bool pass = a.check_rows == 0 || err <= tol;
             ok = ok && pass;
             double bwd_ms = NAN;

@@ -57,7 +57,7 @@ int run_demo(const DemoArgs& a) {
       const double extra = double(detail::host_scratch_peak() - before);
       const double err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
       const Traffic t = forward_traffic(c, alg);
-      const double tol = dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 5e-3 : 4e-2;
+      const double tol = sampled_error_bound(dtype);
       ok = ok && err <= tol;
       (alg == Algorithm::flash ? flash_mem : std_mem).push_back(extra);
       std::printf("%7lld  %-9s %7.2f ms %10.1f %13s %14s %11.1e%s\n", (long long)n, to_string(alg), ms,

@@ -127,8 +127,10 @@ TEST(TrafficModel, AnchorCaseF16) {
   c.batch = 1, c.heads = c.heads_kv = 32, c.head_dim = 128, c.seqlen_q = c.seqlen_k = 8192;
   EXPECT_EQ(compulsory_forward(c).read, 201326592.0);
   EXPECT_EQ(forward_traffic(c, Algorithm::flash).write, 67108864.0 + 4.0 * 32 * 8192);
-  EXPECT_EQ(forward_traffic(c, Algorithm::standard).read - compulsory_forward(c).read, 2.0 * 2 * 32 * 8192.0 * 8192);
-  EXPECT_EQ(score_element_size(c), 2u);
+  // CUDA's standard path: S in fp32 (cuBLAS output), P in f16.
+  EXPECT_EQ(forward_traffic(c, Algorithm::standard).read - compulsory_forward(c).read, (4.0 + 2) * 32 * 8192.0 * 8192);
+  EXPECT_EQ(backward_traffic(c, Algorithm::standard).write - compulsory_backward(c).write,
+            (4.0 + 2 + 4 + 2) * 32 * 8192.0 * 8192);
   c.causal = true;  // the mask changes no compulsory byte
   EXPECT_EQ(compulsory_forward(c).read, 201326592.0);
 }

@@ -51,23 +51,26 @@ int run_demo(const DemoArgs& a) {
       opt.causal = a.causal;
       opt.algorithm = alg;
       pb.out.fill_bytes(0xff);
-      detail::reset_host_scratch_peak();
-      const int64_t before = detail::host_scratch_counter().current.load();
+      detail::ScratchCounter& counter =
+          device == Device::cpu ? detail::host_scratch_counter() : detail::device_scratch_counter();
+      detail::reset_scratch_peak(counter);
+      const int64_t before = counter.current.load();
       const double ms = time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, 5, 200);
-      const double extra = double(detail::host_scratch_peak() - before);
+      const double extra = double(detail::scratch_peak(counter) - before);
       const double err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
       const Traffic t = forward_traffic(c, alg);
       const double tol = sampled_error_bound(dtype);
       ok = ok && err <= tol;
       (alg == Algorithm::flash ? flash_mem : std_mem).push_back(extra);
       std::printf("%7lld  %-9s %7.2f ms %10.1f %13s %14s %11.1e%s\n", (long long)n, to_string(alg), ms,
-                  forward_flops(c) / (ms * 1e6), device == Device::cpu ? human_bytes(extra).c_str() : "n/a",
+                  forward_flops(c) / (ms * 1e6), human_bytes(extra).c_str(),
                   human_bytes(t.total()).c_str(), err, err <= tol ? "" : "  [FAIL]");
     }
   }
   std::printf("* analytic model of one forward's main-memory traffic (reads + writes); compulsory part:\n"
-              "  Q, K, V read once, O and LSE written once. standard adds 4·N²·heads score elements.\n");
-  if (device == Device::cpu && std_mem.size() >= 2) {
+              "  Q, K, V read once, O and LSE written once; standard adds S and P (N² per head each),\n"
+              "  each written once and read once.\n");
+  if (std_mem.size() >= 2) {
     std::printf("\nExtra memory from N=%lld to N=%lld: standard ×%.1f (N² would be ×%.0f), flash ×%.2f (flat).\n",
                 (long long)a.seqlens.front(), (long long)a.seqlens.back(), std_mem.back() / std::max(std_mem.front(), 1.0),
                 double(a.seqlens.back()) * double(a.seqlens.back()) / (double(a.seqlens.front()) * double(a.seqlens.front())),

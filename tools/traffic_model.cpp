@@ -8,7 +8,10 @@ double lse_elems(const Config& c) { return double(c.batch) * double(c.heads) * d
 double score_elems(const Config& c) { return double(c.batch) * double(c.heads) * double(c.seqlen_q) * double(c.seqlen_k); }
 }  // namespace
 
-size_t score_element_size(const Config& c) { return element_size(c.dtype); }
+StoredBytes stored_bytes(const Config& c) {
+  const double e = double(element_size(c.dtype));
+  return c.device == Device::cpu ? StoredBytes{e, e, e, e} : StoredBytes{4, e, 4, e};
+}
 
 Traffic compulsory_forward(const Config& c) {
   const double e = double(element_size(c.dtype));
@@ -27,9 +30,9 @@ Traffic forward_traffic(const Config& c, Algorithm a) {
   if (a == Algorithm::standard) {
     // S written by the first GEMM and read by the softmax; P written by the softmax and read by
     // the second GEMM.
-    const double s = double(score_element_size(c)) * score_elems(c);
-    t.read += 2 * s;
-    t.write += 2 * s;
+    const StoredBytes b = stored_bytes(c);
+    t.read += (b.s + b.p) * score_elems(c);
+    t.write += (b.s + b.p) * score_elems(c);
   }
   return t;
 }
@@ -43,9 +46,9 @@ Traffic backward_traffic(const Config& c, Algorithm a) {
   } else {
     // Recomputed S (write, read), P (write; read by dV = PᵀdO and by dS), dP (write, read),
     // dS (write; read by dQ = dS K and dK = dSᵀQ). D = rowsum(P ∘ dP) is formed inside the dS pass.
-    const double s = double(score_element_size(c)) * score_elems(c);
-    t.write += 4 * s;
-    t.read += 6 * s;
+    const StoredBytes b = stored_bytes(c);
+    t.write += (b.s + b.p + b.dp + b.ds) * score_elems(c);
+    t.read += (b.s + 2 * b.p + b.dp + 2 * b.ds) * score_elems(c);
   }
   return t;
 }

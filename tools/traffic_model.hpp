@@ -11,9 +11,13 @@ struct Traffic {
   double total() const { return read + write; }
 };
 
-// Bytes of one element of S, P, dP, dS as the standard path stores them: the working dtype
-// (on every device, as a framework computing in that dtype stores them).
-size_t score_element_size(const Config& c);
+// Bytes of one element of each N×N matrix as the standard path stores it. CPU: the working dtype
+// for all four. CUDA: cuBLAS writes S and dP in fp32, the softmax writes P (and dS over it) in the
+// working dtype.
+struct StoredBytes {
+  double s, p, dp, ds;
+};
+StoredBytes stored_bytes(const Config& c);
 
 // Compulsory: every input read once, every output written once.
 Traffic compulsory_forward(const Config& c);

@@ -5,4 +5,8 @@ ScratchCounter& host_scratch_counter() {
   static ScratchCounter counter;
   return counter;
 }
+ScratchCounter& device_scratch_counter() {
+  static ScratchCounter counter;
+  return counter;
+}
 }  // namespace flashattn::detail

@@ -1,6 +1,7 @@
 // Working memory of the backends, counted. Every temporary buffer a backend allocates for a call
-// goes through Scratch<T>, so that the program can report the peak extra memory of a call (the
-// flash path's stays flat in N, the standard path's grows as N²) from the allocations themselves.
+// goes through Scratch<T> (host) or cuda::DeviceScratch (device), so that the program can report
+// the peak extra memory of a call (the flash path's stays flat in N, the standard path's grows as
+// N²) from the allocations themselves.
 #pragma once
 
 #include <atomic>
@@ -16,13 +17,19 @@ struct ScratchCounter {
   std::atomic<int64_t> peak{0};
 };
 ScratchCounter& host_scratch_counter();
+ScratchCounter& device_scratch_counter();  // the CUDA backend's temporary device buffers
 
-// Peak bytes of host scratch held at once since the last reset.
-inline int64_t host_scratch_peak() { return host_scratch_counter().peak.load(); }
-inline void reset_host_scratch_peak() {
-  auto& c = host_scratch_counter();
-  c.peak.store(c.current.load());
+inline void count_alloc(ScratchCounter& c, int64_t bytes) {
+  const int64_t now = c.current.fetch_add(bytes) + bytes;
+  int64_t seen = c.peak.load();
+  while (now > seen && !c.peak.compare_exchange_weak(seen, now)) {
+  }
 }
+inline void count_free(ScratchCounter& c, int64_t bytes) { c.current.fetch_sub(bytes); }
+
+// Peak bytes of scratch held at once since the last reset.
+inline int64_t scratch_peak(ScratchCounter& c) { return c.peak.load(); }
+inline void reset_scratch_peak(ScratchCounter& c) { c.peak.store(c.current.load()); }
 
 // An owning, 64-byte aligned, counted host buffer of n elements (uninitialized).
 template <class T>
@@ -42,15 +49,11 @@ class Scratch {
     data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
     if (!data_) throw std::bad_alloc();
     size_ = n;
-    auto& c = host_scratch_counter();
-    const int64_t now = c.current.fetch_add(int64_t(bytes)) + int64_t(bytes);
-    int64_t seen = c.peak.load();
-    while (now > seen && !c.peak.compare_exchange_weak(seen, now)) {
-    }
+    count_alloc(host_scratch_counter(), int64_t(bytes));
   }
   void release() {
     if (!data_) return;
-    host_scratch_counter().current.fetch_sub(int64_t((size_ * sizeof(T) + 63) / 64 * 64));
+    count_free(host_scratch_counter(), int64_t((size_ * sizeof(T) + 63) / 64 * 64));
     std::free(data_);
     data_ = nullptr;
     size_ = 0;

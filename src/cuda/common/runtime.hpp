@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "core/scratch.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::cuda {
@@ -25,11 +26,15 @@ inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), ke
 // Stream-ordered device scratch memory, freed on scope exit (also when an Error unwinds).
 class DeviceScratch {
  public:
-  DeviceScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes) check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+  DeviceScratch(size_t bytes, cudaStream_t stream) : stream_(stream), bytes_(bytes) {
+    if (!bytes) return;
+    check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+    detail::count_alloc(detail::device_scratch_counter(), int64_t(bytes));
   }
   ~DeviceScratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
+    if (!ptr_) return;
+    cudaFreeAsync(ptr_, stream_);
+    detail::count_free(detail::device_scratch_counter(), int64_t(bytes_));
   }
   DeviceScratch(const DeviceScratch&) = delete;
   DeviceScratch& operator=(const DeviceScratch&) = delete;
@@ -39,6 +44,7 @@ class DeviceScratch {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace flashattn::cuda

@@ -274,6 +274,12 @@ int check() {
     auto c = add("varlen [0,3,70] k[4,0,80]", 73, 84, 32);
     c->seq_q = {0, 3, 70}; c->seq_k = {4, 0, 80};
   }
+  // Several forward tiles in both directions (256 × 256 since v3): the online rescale across key
+  // tiles, tiles skipped or partly masked by causal and windowed ranges.
+  add("600x700 d64 causal", 600, 700, 64, true);
+  { auto c = add("window 300,10 700x600 d72", 700, 600, 72); c->wl = 300; c->wr = 10; }
+  { auto c = add("f16 gqa 4:2 520x530 d64 causal", 520, 530, 64, true); c->dtype = DType::f16; c->H = 4; }
+  { auto c = add("bf16 softcap 3 530x600 d40", 530, 600, 40); c->dtype = DType::bf16; c->softcap = 3; }
   add("0x17", 0, 17, 64);
   add("17x0", 17, 0, 64);
   int fails = 0;

@@ -26,17 +26,20 @@ inline detail::Scratch<float> zeroed(size_t n) {
 inline size_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 // Tile sizes (the arithmetic behind them: docs/cpu-kernels.md). Per thread at d = 128, fp32:
-// forward sQ 64 KiB + sK 32 KiB + sKt 32 KiB + sV 32 KiB + sS 32 KiB + acc 64 KiB ≈ 256 KiB,
+// forward sQ 128 KiB + sS 256 KiB + acc 128 KiB = 512 KiB (+ sK, sV 128 KiB each for f16/bf16),
 // inside the 1 MiB L2 of a Zen 4 core, next to the panels OpenBLAS packs for each tile product.
 struct FwdTiles {
-  // 128 query rows per K/V tile load (conversion + transpose) and per OpenBLAS packing of Kᵀ and V:
-  // measured 5-16 % faster than 64 at d = 64 and d = 128 full (perf-log CPU v2).
-  static constexpr int kBlockM = 128;  // query rows per tile
-  static constexpr int kBlockN = 64;  // keys per tile (a multiple of kPadN)
+  // OpenBLAS packs both operands of every call, so each call repacks Q (once per key tile) and
+  // P, K, V: 256 × 256 makes every packed element serve 256 rows or columns of FMAs. Measured
+  // against 128 × 64 (v2), 128 × 128/256, 256 × 64/128, 384 × 128 and 512 × 128 (perf-log CPU v3):
+  // best or tied on all four bar shapes (512 rows lose 5-9 % causal: more masked work).
+  static constexpr int kBlockM = 256;  // query rows per tile
+  static constexpr int kBlockN = 256;  // keys per tile (a multiple of kPadN)
 };
 struct BwdTiles {
   static constexpr int kBlockM = 64;  // query rows per tile (128 measured 5-14 % slower at d = 128)
-  static constexpr int kBlockN = 64;  // keys per tile
+  // keys per tile: 128 measured +8 % at d = 64 but -6..-12 % at d = 128 (perf-log CPU v3)
+  static constexpr int kBlockN = 64;
 };
 
 // dst[c * ld_dst + j] = src[j * ld_src + c] for j < rows, c < cols; columns rows..pad_n(rows)

@@ -41,6 +41,7 @@ void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, co
     for (int i = 0; i < m; ++i) {
       float* ci = c + i * ldc;
       const float s = row_scale[i];
+      if (s == 1.0f) continue;  // the row max did not move (most tiles after the first few)
       for (int j = 0; j < n; ++j) ci[j] *= s;
     }
   if (k <= 0) {
@@ -66,6 +67,19 @@ void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, co
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, packed.data(), k, b,
                 ldb_, beta, c, ldc_);
   }
+}
+
+void gemm_nt_blas(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                  float* c, int64_t ldc) {
+  guard_blas_threads();
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * size_t(n));
+    return;
+  }
+  // Same leading-dimension checks as above: a single row may have any stride.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, m == 1 ? k : blasint(lda),
+              b, n == 1 ? k : blasint(ldb), 0.0f, c, m == 1 ? n : blasint(ldc));
 }
 
 }  // namespace flashattn::cpu

@@ -8,8 +8,8 @@
 //   tile_kernels_avx512.cpp  (-mavx512f/bw/vl/dq -mfma)
 // isa.cpp picks one at start-up (FLASHATTN_CPU_ISA=scalar|avx2|avx512 forces one).
 //
-// Buffers are fp32. Widths passed as `n` to gemm must be multiples of kPadN (callers pad tiles
-// with zeros); every other length is arbitrary.
+// Buffers are fp32. Tiles are padded to kPadN columns with zeros so that whole-vector row
+// operations never read garbage; the GEMMs themselves take any m, n, k.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,18 @@ struct TileKernels {
 
   // C(m×n) = [C ∘ row_scale] + A(m×k) · B(k×n).
   //   A[i][p] = a[i*rsa + p*csa]  (any strides: row-major, or a transposed view of a tile)
-  //   B[p][j] = b[p*ldb + j]      (row-major, n % kPadN == 0)
+  //   B[p][j] = b[p*ldb + j]      (row-major)
   //   C[i][j] = c[i*ldc + j]
   // accumulate = false: C is overwritten (row_scale ignored). accumulate = true: C is first
   // multiplied by row_scale[i] (when row_scale is not null), then A·B is added.
   void (*gemm)(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
                int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate);
+
+  // C(m×n) = A(m×k) · B(n×k)ᵀ, C overwritten; A[i][p] = a[i*lda + p], B[j][p] = b[j*ldb + p].
+  // S = Q Kᵀ with K read as it lies (rows of the caller's tensor, or a converted tile): no
+  // transposed copy of K is ever built (OpenBLAS packs Bᵀ straight from the rows).
+  void (*gemm_nt)(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                  float* c, int64_t ldc);
 
   // max(x[0..n)); -inf for n == 0.
   float (*row_max)(const float* x, int n);
@@ -59,6 +65,8 @@ struct TileKernels {
 // TileKernels::gemm through cblas_sgemm (gemm_blas.cpp); used by the SIMD tables.
 void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
                int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate);
+void gemm_nt_blas(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                  float* c, int64_t ldc);
 
 extern const TileKernels kTileKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)

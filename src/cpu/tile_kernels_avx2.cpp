@@ -98,7 +98,7 @@ struct T {
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx2 = {"avx2", gemm_blas, row_max, exp2_sum, softcap,
+const TileKernels kTileKernelsAvx2 = {"avx2", gemm_blas, gemm_nt_blas, row_max, exp2_sum, softcap,
                                       load,   store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

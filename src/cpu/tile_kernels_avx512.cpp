@@ -77,7 +77,7 @@ struct T {
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx512 = {"avx512", gemm_blas, row_max, exp2_sum, softcap,
+const TileKernels kTileKernelsAvx512 = {"avx512", gemm_blas, gemm_nt_blas, row_max, exp2_sum, softcap,
                                         load,     store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

@@ -27,6 +27,16 @@ void gemm(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const f
   }
 }
 
+void gemm_nt(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+             int64_t ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float s = 0;
+      for (int p = 0; p < k; ++p) s += a[i * lda + p] * b[j * ldb + p];
+      c[i * ldc + j] = s;
+    }
+}
+
 float row_max(const float* x, int n) {
   float m = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
@@ -74,7 +84,7 @@ void dsoftmax(const float* p, const float* dp, float d, const float* t, int n, f
 
 }  // namespace
 
-const TileKernels kTileKernelsScalar = {"scalar", gemm,  row_max, exp2_sum, softcap,
-                                        load,     store, dot,     dsoftmax};
+const TileKernels kTileKernelsScalar = {"scalar", gemm,  gemm_nt, row_max, exp2_sum,
+                                        softcap,  load,  store,   dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

@@ -45,6 +45,13 @@ struct ForwardScratch {
         range(FwdTiles::kBlockM) {}
 };
 
+// fp32 K and V need no conversion: the GEMMs read their rows where they lie. cblas wants a
+// leading dimension of at least the row width, so other layouts (e.g. a broadcast row stride of 0)
+// are converted into the tile buffers like f16/bf16.
+bool reads_kv_in_place(const detail::Params& p) {
+  return p.dtype == DType::f32 && p.k.row_stride >= p.head_dim && p.v.row_stride >= p.head_dim;
+}
+
 // Rows of one key tile as the GEMMs read them: in place (fp32 tensors, the tensor's own row
 // stride), or converted to fp32 in the thread's scratch (f16/bf16).
 struct KvTile {
@@ -73,9 +80,7 @@ void forward_tile(const detail::Params& p, const TileKernels& tk, const detail::
   const size_t esz = dtype_bytes(dt);
   const bool capped = p.softcap > 0;
   const float qmult = capped ? p.scale : p.scale * kLog2e;
-  // fp32 K and V need no conversion: the GEMMs read their rows where they lie (cblas wants a
-  // leading dimension of at least the row width).
-  const bool in_place = dt == DType::f32 && p.k.row_stride >= d && p.v.row_stride >= d;
+  const bool in_place = reads_kv_in_place(p);
 
   // Visible key range per row; the key tiles to visit cover their union.
   int64_t kmin = sp.k_len, kmax = 0;
@@ -143,7 +148,7 @@ void flash_forward(const detail::Params& p) {
 
 #pragma omp parallel
   {
-    ForwardScratch w(d_pad, p.dtype == DType::f32 ? 0 : FwdTiles::kBlockN);
+    ForwardScratch w(d_pad, reads_kv_in_place(p) ? 0 : FwdTiles::kBlockN);
     // Head-major, descending: the threads work through one head's query tiles together, so that
     // head's K and V (4 MiB at N = 4096, d = 128) are re-read from L3 rather than DRAM (measured
     // +2-7 %, perf-log CPU v3); within a head the last query tiles of a causal sequence (the most

@@ -45,11 +45,12 @@ struct ForwardScratch {
         range(FwdTiles::kBlockM) {}
 };
 
-// fp32 K and V need no conversion: the GEMMs read their rows where they lie. cblas wants a
+// fp32 K and V need no conversion: the GEMMs read their rows where they lie. cblas wants an int
 // leading dimension of at least the row width, so other layouts (e.g. a broadcast row stride of 0)
 // are converted into the tile buffers like f16/bf16.
 bool reads_kv_in_place(const detail::Params& p) {
-  return p.dtype == DType::f32 && p.k.row_stride >= p.head_dim && p.v.row_stride >= p.head_dim;
+  const auto fits = [&](int64_t ld) { return ld >= p.head_dim && ld <= std::numeric_limits<int>::max(); };
+  return p.dtype == DType::f32 && fits(p.k.row_stride) && fits(p.v.row_stride);
 }
 
 // Rows of one key tile as the GEMMs read them: in place (fp32 tensors, the tensor's own row

@@ -30,11 +30,6 @@ bool sees(const Params& p, int64_t i, int64_t j, int64_t q_len, int64_t k_len) {
   return true;
 }
 
-SeqSpan span_of(const Params& p, int64_t b) {
-  if (!p.cu_seqlens_q) return {b, 0, 0, p.seqlen_q, p.seqlen_k};
-  return {0, p.cu_seqlens_q[b], p.cu_seqlens_k[b], int64_t(p.cu_seqlens_q[b + 1]) - p.cu_seqlens_q[b],
-          int64_t(p.cu_seqlens_k[b + 1]) - p.cu_seqlens_k[b]};
-}
 
 // K and V of one (sequence, KV head), converted to double once: [j * d + c].
 struct KvSlice {
@@ -91,7 +86,7 @@ void score_row(const Params& p, const SeqSpan& sp, const KvSlice& kv, int64_t i,
 }  // namespace
 
 void reference_row(const Params& p, int64_t b, int64_t h, int64_t i, double* out, double* lse) {
-  const SeqSpan sp = span_of(p, b);
+  const SeqSpan sp = detail::seq_span(p, b);
   const KvSlice kv(p, sp, h / p.group_size());
   Row r;
   score_row(p, sp, kv, i, h, r);
@@ -104,7 +99,7 @@ void reference_row(const Params& p, int64_t b, int64_t h, int64_t i, double* out
 void reference_forward(const Params& p, double* out, double* lse) {
   const int64_t d = p.head_dim;
   for (int64_t b = 0; b < p.batch; ++b) {
-    const SeqSpan sp = span_of(p, b);
+    const SeqSpan sp = detail::seq_span(p, b);
 #pragma omp parallel for schedule(dynamic)
     for (int64_t h = 0; h < p.heads; ++h) {
       const KvSlice kv(p, sp, h / p.group_size());
@@ -131,7 +126,7 @@ void reference_backward(const Params& p, double* dq, double* dk, double* dv) {
   for (int64_t i = 0; i < tensor_batch * p.seqlen_q * p.heads * d; ++i) dq[i] = 0;
   for (int64_t i = 0; i < tensor_batch * p.seqlen_k * p.heads_kv * d; ++i) dk[i] = dv[i] = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    const SeqSpan sp = span_of(p, b);
+    const SeqSpan sp = detail::seq_span(p, b);
     // Parallel over KV heads: every write to dk/dv of KV head hk comes from this iteration only.
 #pragma omp parallel for schedule(dynamic)
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {

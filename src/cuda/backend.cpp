@@ -89,6 +89,10 @@ void check_flash_layout(const detail::TensorRef& t, const char* name, int64_t ba
 }
 
 const KernelEntry& flash_kernel_for(const detail::Params& p, bool backward) {
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    throw Error(std::string("dtype: the CUDA flash kernels take float16 or bfloat16, got ") + to_string(p.dtype) +
+                    " (Algorithm::standard takes float32)",
+                Error::Kind::type);
   // The portable kernels take the row maximum of the raw scores q·k and mask with -inf before the
   // scale is applied, which is only right for a positive scale.
   if (!(p.scale > 0))
@@ -157,6 +161,7 @@ void forward(const detail::Params& p) {
 void backward(const detail::Params& p) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) return standard::backward(p, stream);
+  if (hopper_allowed() && sm90::supports_backward(p)) return sm90::backward(p);
   const KernelEntry& k = flash_kernel_for(p, true);
   AttnArgs a = make_args(p);
   const int64_t tensor_batch = p.varlen() ? 1 : p.batch;

@@ -5,6 +5,7 @@ out.append("""// wgmma.mma_async wrappers, m64nNk16, fp32 accumulators, bf16 or 
 //   SS: A and B from shared-memory descriptors:  d = A·B (+ d when accumulate)
 //   RS: A from 4 registers (16-bit pairs, layout hopper-sm90.md §1.4), B from a descriptor.
 // kTransB = 0: B is K-major (K of S = Q·Kᵀ); 1: B is MN-major (V of O = P·V).
+// WgmmaMN: A and B both MN-major (SS only), for dQ = dS·K of the backward.
 // Accumulator layout: hopper-sm90.md §1.3. Call between wgmma_fence() and wgmma_commit().
 #pragma once
 
@@ -39,5 +40,23 @@ for N in (64, 80, 128, 176, 192, 256):
             out.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));')
             out.append("  }")
             out.append("};")
+# Both operands MN-major from shared memory (imm-trans-a = imm-trans-b = 1): dQ = dS·K of the
+# backward, where dSᵀ is staged as [key][query] and K is [key][d] (kernel_bwd.cuh).
+out.append("template <int N, bool kF16> struct WgmmaMN;")
+for N in (64,):
+    nreg = N // 2
+    for f16 in (False, True):
+        ty = "f16" if f16 else "bf16"
+        dregs = ",".join("%%%d" % i for i in range(nreg))
+        ss = (f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{ty}.{ty} "
+              f"{{{dregs}}}, %{nreg}, %{nreg+1}, p, 1, 1, 1, 1;")
+        outs = ", ".join('"+f"(d[%d])' % i for i in range(nreg))
+        out.append(f"template <> struct WgmmaMN<{N}, {'true' if f16 else 'false'}> {{")
+        out.append(f"  __device__ __forceinline__ static void ss(float (&d)[{nreg}], uint64_t da, uint64_t db, int accumulate) {{")
+        out.append('    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(nreg+2) + ', 0;\\n' + ss + '\\n}\\n"')
+        out.append(f"        : {outs}")
+        out.append('        : "l"(da), "l"(db), "r"(accumulate));')
+        out.append("  }")
+        out.append("};")
 out.append("\n}  // namespace flashattn::cuda::sm90")
 open("wgmma.cuh", "w").write("\n".join(out) + "\n")

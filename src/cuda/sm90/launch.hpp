@@ -17,6 +17,26 @@ struct FwdArgs {
   int sched;                             // SchedMode (scheduler.cuh), set by launch_fwd
 };
 
+// The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ
+// accumulator are scratch buffers laid out (batch, heads, m_pad[, D]) with m_pad = m_blocks·kBlockM.
+struct BwdArgs {
+  CUtensorMap tm_q, tm_k, tm_v, tm_do;  // 5-D maps as in FwdArgs
+  const float* lse_log2;  // LSE·log2(e); +inf for rows that see no key and for padding rows (P = 0)
+  const float* dsum;      // D_i = rowsum(dO_i ∘ O_i); 0 for padding rows
+  float* dq_accum;        // Σ dS·K over key tiles, zeroed before the kernel; scaled and cast after
+  void* dk;               // caller's dK, dV: (batch, seqlen_k, heads_kv, D), element strides below
+  void* dv;
+  long long dk_batch_stride, dk_row_stride, dk_head_stride;
+  long long dv_batch_stride, dv_row_stride, dv_head_stride;
+  int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
+  int m_blocks, m_pad;                   // query tiles per (batch, head); m_blocks · kBlockM
+  float scale_log2;                      // scale · log2(e)
+  float scale;
+};
+
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_bwd(const BwdArgs& a, int n_blocks, int heads_kv, int batch, cudaStream_t stream);
+
 // Defined in kernel_fwd.cuh; one explicit instantiation per src/cuda/inst/sm90_fwd_*.cu.
 template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream);

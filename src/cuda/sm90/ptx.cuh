@@ -54,6 +54,15 @@ __device__ __forceinline__ void tma_load_5d(void* sdst, const CUtensorMap* map, 
       "r"(c4)
       : "memory");
 }
+// Plain (non-tensor) bulk copy of `bytes` contiguous bytes into smem, completing on bar. Source and
+// destination 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_load(void* sdst, const void* gsrc, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(sdst)),
+      "l"(gsrc), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
 // 5-D box store from smem; out-of-bounds rows of the box are not written (partial tiles).
 __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* ssrc, int c0, int c1,
                                              int c2, int c3, int c4) {

@@ -12,4 +12,11 @@ bool supports(const detail::Params& p);
 // Runs the forward pass on p.stream; throws flashattn::Error carrying CUDA's message on failure.
 void forward(const detail::Params& p);
 
+// True when backward(p) handles this call: as supports(), head_dim 64 or 128, any nonzero scale,
+// and not Options::deterministic (dQ is summed with unordered fp32 atomics).
+bool supports_backward(const detail::Params& p);
+
+// dQ, dK, dV on p.stream: a preprocessing kernel (D, LSE·log2e), the fused kernel, a dQ cast.
+void backward(const detail::Params& p);
+
 }  // namespace flashattn::cuda::sm90

@@ -47,4 +47,31 @@ struct FwdTile {
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };
 
+// Backward (kernel_bwd.cuh): one CTA per (key tile, KV head, batch); 2 consumer warpgroups of 64
+// keys each (kBlockN = 128) hold dK and dV in registers and loop over query tiles of 64 rows.
+//   registers per consumer thread: dK + dV = D, Sᵀ + dPᵀ = 64, P/dS as 16-bit A operands 16 each,
+//   dQ 32 (m64n64): d128: 128 + 64 + 32 = 224 at the peak.
+//   (kBlockM = 128 at d64, FA3's choice, needs 64 + 128 + 64 + 32 and made ptxas serialize the
+//   wgmmas and spill at 240 registers.)
+//   smem: K, V kBlockN·D·2 each; Q, dO kBlockM·D·2 each per stage (2 stages); dSᵀ kBlockN·kBlockM·2
+//   double-buffered; LSE and D kBlockM·4 per stage.
+//   d64 : 16 + 16 + 2·(8 + 8) + 2·16 KiB = 96 KiB;  d128: 32 + 32 + 2·(16 + 16) + 2·16 = 160 KiB.
+template <int kHeadDim>
+struct BwdTile {
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kBlockN = 128;                        // keys per CTA
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or one dO stage
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one dSᵀ buffer
+  static constexpr int kStatBytes = kBlockM * 4;          // one LSE or D stage
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDSBytes + 2 * kStages * kStatBytes;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "backward head_dim 64 or 128");
+  static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
+};
+
 }  // namespace flashattn::cuda::sm90

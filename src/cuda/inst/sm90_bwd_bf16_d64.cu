@@ -1,0 +1,6 @@
+// Hopper backward, bf16, head_dim 64, non-causal.
+#include "cuda/sm90/kernel_bwd.cuh"
+
+namespace flashattn::cuda::sm90 {
+template cudaError_t launch_bwd<64, false, false>(const BwdArgs&, int, int, int, cudaStream_t);
+}  // namespace flashattn::cuda::sm90

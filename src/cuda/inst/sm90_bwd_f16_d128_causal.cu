@@ -1,0 +1,6 @@
+// Hopper backward, f16, head_dim 128, causal.
+#include "cuda/sm90/kernel_bwd.cuh"
+
+namespace flashattn::cuda::sm90 {
+template cudaError_t launch_bwd<128, true, true>(const BwdArgs&, int, int, int, cudaStream_t);
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,331 @@
+// The Hopper backward kernel: dK, dV and (through fp32 atomics) dQ in one pass, TMA + wgmma.
+//
+// One CTA per (key tile of kBlockN = 128 keys, KV head, batch); it loops over the query tiles of
+// every query head of the GQA group, so dK and dV stay in registers and need no reduction.
+//   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q, dO, LSE and D
+//                           of each query tile into a 2-stage ring (TMA; plain bulk copies for the
+//                           two fp32 vectors).
+//   warpgroups 1, 2 (consumers): 64 keys each. Per query tile, everything transposed so that the
+//                           probabilities come out of the accumulator in the layout the next GEMM
+//                           takes as its register A operand (hopper-sm90.md §1.4):
+//       Sᵀ  = K·Qᵀ              (SS, both K-major)              64 × kBlockM
+//       dPᵀ = V·dOᵀ             (SS, both K-major)
+//       Pᵀ  = 2^(Sᵀ·scale·log2e − LSE·log2e)     (LSE, D: per column = per query)
+//       dSᵀ = Pᵀ ∘ (dPᵀ − D)
+//       dV += Pᵀ·dO             (RS, dO MN-major)                64 × D
+//       dK += dSᵀ·Q             (RS, Q MN-major)                 (× scale in the epilogue)
+//       dSᵀ → smem (16-bit, 128B-swizzled [key][query] chunks), both warpgroups, named barrier
+//       dQ_partial = dS·K       (SS, A and B MN-major)           m64n64 per warpgroup
+//       dQ_accum += dQ_partial  (fp32 vector atomics, unordered: not bitwise reproducible)
+// Sᵀ and dPᵀ are issued together; Pᵀ is computed while dPᵀ runs and dV is issued before dSᵀ is
+// computed, so the tensor cores stay busy through the elementwise work.
+// Masks: keys past seqlen_k and (causal) keys after a query's diagonal get P = 0 explicitly;
+// query rows past seqlen_q read LSE = +inf (P = 0) from the padded statistics.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/launch.hpp"
+#include "cuda/sm90/ptx.cuh"
+#include "cuda/sm90/tile_size.hpp"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+namespace bwd {
+
+template <class Tile>
+struct Smem {
+  uint8_t* k;
+  uint8_t* v;
+  uint8_t* q;   // stage s at + s·kQBytes
+  uint8_t* dO;
+  uint8_t* ds;  // buffer b at + b·kDSBytes
+  float* lse;   // stage s at + s·kBlockM
+  float* dsum;
+  uint64_t* full_kv;
+  uint64_t* full;   // [kStages]: Q, dO, LSE, D of one query tile
+  uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
+
+  __device__ static Smem carve(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    Smem s;
+    s.k = base;
+    s.v = s.k + Tile::kKVBytes;
+    s.q = s.v + Tile::kKVBytes;
+    s.dO = s.q + Tile::kStages * Tile::kQBytes;
+    s.ds = s.dO + Tile::kStages * Tile::kQBytes;
+    s.lse = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
+    s.dsum = s.lse + Tile::kStages * Tile::kBlockM;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(s.dsum + Tile::kStages * Tile::kBlockM);
+    s.full_kv = bars;
+    s.full = bars + 1;
+    s.empty = s.full + Tile::kStages;
+    return s;
+  }
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (1 + 2 * Tile::kStages);
+
+  __device__ void init_barriers() {
+    ptx::mbar_init(full_kv, 1);
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbar_init(full + s, 1);
+      ptx::mbar_init(empty + s, Tile::kConsumerWGs);
+    }
+    ptx::fence_barrier_init();
+  }
+};
+
+// First query tile that sees any key of key tile n (bottom-right causal alignment: query i sees
+// key j iff j <= i + seqlen_k - seqlen_q).
+template <class Tile, bool kCausal>
+__device__ __forceinline__ int first_m_block(int n_block, int seqlen_q, int seqlen_k) {
+  if (!kCausal) return 0;
+  const int first_query = n_block * Tile::kBlockN - (seqlen_k - seqlen_q);
+  return first_query <= 0 ? 0 : first_query / Tile::kBlockM;
+}
+
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo -> bits [15:0]
+  if constexpr (kF16) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+template <int kHeadDim, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
+  using Tile = BwdTile<kHeadDim>;
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  extern __shared__ uint8_t smem_raw[];
+  Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
+  const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+  const int wg = threadIdx.x / 128;
+  const int m_begin = first_m_block<Tile, kCausal>(n_block, a.seqlen_q, a.seqlen_k);
+  const int m_count = a.m_blocks > m_begin ? a.m_blocks - m_begin : 0;
+  const int steps = m_count * a.group;  // (head of the group, query tile) pairs, head-major
+
+  if (threadIdx.x == 0) {
+    ptx::tma_prefetch_desc(&a.tm_q);
+    ptx::tma_prefetch_desc(&a.tm_k);
+    ptx::tma_prefetch_desc(&a.tm_v);
+    ptx::tma_prefetch_desc(&a.tm_do);
+    sm.init_barriers();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<Tile::kProducerRegs>();
+    if (threadIdx.x == 0 && steps > 0) {
+      ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
+      ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, n_block * kBlockN, 0, head_kv, batch);
+      ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, n_block * kBlockN, 0, head_kv, batch);
+      for (int it = 0; it < steps; ++it) {
+        const int head = head_kv * a.group + it / m_count;
+        const int m = m_begin + it % m_count;
+        const int stage = it % Tile::kStages;
+        ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
+        ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes + 2 * Tile::kStatBytes);
+        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+        const long long row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
+        ptx::bulk_load(sm.lse + stage * kBlockM, a.lse_log2 + row, Tile::kStatBytes, sm.full + stage);
+        ptx::bulk_load(sm.dsum + stage * kBlockM, a.dsum + row, Tile::kStatBytes, sm.full + stage);
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
+  const int g = wg - 1;  // consumer warpgroup: keys 64g .. 64g + 63 of the tile
+  const int t = threadIdx.x % 128, lane = t % 32;
+  constexpr int kSRegs = kBlockM / 2;   // Sᵀ, dPᵀ accumulators (64 × kBlockM)
+  constexpr int kDRegs = kHeadDim / 2;  // dK, dV accumulators (64 × D)
+  constexpr int kMSteps = kBlockM / 16;  // k16 slices of dV/dK (over queries)
+  float acc_dv[kDRegs], acc_dk[kDRegs];
+#pragma unroll
+  for (int r = 0; r < kDRegs; ++r) acc_dv[r] = acc_dk[r] = 0.f;
+
+  const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
+  const uint32_t q_base = ptx::smem_addr(sm.q), do_base = ptx::smem_addr(sm.dO), ds_base = ptx::smem_addr(sm.ds);
+  const int key_row0 = n_block * kBlockN + 64 * g + 16 * (t / 32) + lane / 4;  // this thread's half-0 key
+  // dQ = dS·K, one m64n64 accumulator per warpgroup: d64 splits the sum over keys (each warpgroup
+  // its own 64 keys, so it reads only its own dSᵀ rows); d128 splits the head dim (each warpgroup
+  // 64 columns, summing over all 128 keys: it reads the other warpgroup's dSᵀ rows too).
+  constexpr bool kSplitKeys = kHeadDim == 64;
+  const int dq_col_off = kSplitKeys ? 0 : 64 * g;
+
+  if (steps > 0) ptx::mbar_wait(sm.full_kv, 0);
+  for (int it = 0; it < steps; ++it) {
+    const int head = head_kv * a.group + it / m_count;
+    const int m = m_begin + it % m_count;
+    const int stage = it % Tile::kStages;
+    ptx::mbar_wait(sm.full + stage, (it / Tile::kStages) & 1);
+    const uint32_t q_st = q_base + stage * Tile::kQBytes, do_st = do_base + stage * Tile::kQBytes;
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: k-step s (16 of D) = chunk s/4, +32 B inside the chunk.
+    float acc_s[kSRegs], acc_dp[kSRegs];
+    ptx::fence_operand(acc_s);
+    ptx::fence_operand(acc_dp);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kHeadDim / 16; ++s) {
+      const uint64_t dk = ptx::smem_desc_sw128(k_base + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
+      const uint64_t dq = ptx::smem_desc_sw128(q_st + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
+      Wgmma<kBlockM, kF16, 0>::ss(acc_s, dk, dq, s > 0);
+    }
+    ptx::wgmma_commit();
+#pragma unroll
+    for (int s = 0; s < kHeadDim / 16; ++s) {
+      const uint64_t dv = ptx::smem_desc_sw128(v_base + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
+      const uint64_t ddo = ptx::smem_desc_sw128(do_st + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
+      Wgmma<kBlockM, kF16, 0>::ss(acc_dp, dv, ddo, s > 0);
+    }
+    ptx::wgmma_commit();
+
+    // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
+    ptx::wgmma_wait<1>();
+    ptx::fence_operand(acc_s);
+    const float* lse = sm.lse + stage * kBlockM;
+    const float* dsum = sm.dsum + stage * kBlockM;
+    const int q0 = m * kBlockM;
+    const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
+                           (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      const float2 l2 = *reinterpret_cast<const float2*>(lse + col);
+#pragma unroll
+      for (int r = 4 * j; r < 4 * j + 4; ++r) {
+        const float row_lse = (r & 1) ? l2.y : l2.x;
+        float p = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+        if (need_mask) {
+          const int key = key_row0 + 8 * ((r >> 1) & 1);
+          const int query = q0 + col + (r & 1);
+          if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+        }
+        acc_s[r] = p;
+      }
+    }
+    uint32_t p_a[kMSteps][4];
+#pragma unroll
+    for (int s = 0; s < kMSteps; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p_a[s][j] = pack2<kF16>(acc_s[8 * s + 2 * j], acc_s[8 * s + 2 * j + 1]);
+
+    // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per step).
+    ptx::fence_operand(acc_dv);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kMSteps; ++s) {
+      const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
+      Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
+    }
+    ptx::wgmma_commit();
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run).
+    ptx::wgmma_wait<1>();
+    ptx::fence_operand(acc_dp);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      const float2 d2 = *reinterpret_cast<const float2*>(dsum + col);
+#pragma unroll
+      for (int r = 4 * j; r < 4 * j + 4; ++r) acc_dp[r] = acc_s[r] * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+    }
+    uint32_t ds_a[kMSteps][4];
+    uint8_t* ds_buf = sm.ds + (it & 1) * Tile::kDSBytes;
+#pragma unroll
+    for (int s = 0; s < kMSteps; ++s)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        ds_a[s][j] = pack2<kF16>(acc_dp[8 * s + 2 * j], acc_dp[8 * s + 2 * j + 1]);
+        // dSᵀ[key][query] in 64-query chunks of 128-byte rows, 16-byte slot c of row i at c ^ (i % 8).
+        const int r = 8 * s + 2 * j;
+        const int key = 64 * g + 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+        const int query = 8 * (r >> 2) + 2 * (lane % 4);
+        const int slot = ((query % 64) / 8) ^ (key % 8);
+        *reinterpret_cast<uint32_t*>(ds_buf + (query / 64) * kBlockN * 128 + key * 128 + slot * 16 + (query % 8) * 2) =
+            ds_a[s][j];
+      }
+
+    // dK += dSᵀ·Q (unscaled; × scale in the epilogue).
+    ptx::fence_operand(acc_dk);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kMSteps; ++s) {
+      const uint64_t dq = ptx::smem_desc_sw128(q_st + s * 2048, kBlockM * 128, 1024);
+      Wgmma<kHeadDim, kF16, 1>::rs(acc_dk, ds_a[s], dq, 1);
+    }
+    ptx::wgmma_commit();
+
+    // dQ = dS·K. A = dS (queries × keys) is the staged dSᵀ read MN-major; B = K ([key][d]) MN-major.
+    ptx::fence_proxy_async();
+    if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
+    else ptx::named_bar_sync(3, 256);                 // both warpgroups' rows are
+    float acc_dq[32];
+    ptx::fence_operand(acc_dq);
+    ptx::wgmma_fence();
+    const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
+    const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
+    constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
+#pragma unroll
+    for (int s = 0; s < kKeySteps; ++s) {
+      const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
+      const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
+      WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+    ptx::fence_operand(acc_dq);
+    ptx::fence_operand(acc_dv);
+    ptx::fence_operand(acc_dk);
+    ptx::fence_operand(p_a);
+    ptx::fence_operand(ds_a);
+    if (t == 0) ptx::mbar_arrive(sm.empty + stage);
+
+    // dQ_accum (batch, head, m_pad, D) += this warpgroup's m64n64 block, two columns per atomic.
+    float* dq_rows = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_pad + q0) * kHeadDim +
+                     dq_col_off;
+#pragma unroll
+    for (int r = 0; r < 32; r += 2) {
+      const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+      const int col = 8 * (r >> 2) + 2 * (lane % 4);
+      atomicAdd(reinterpret_cast<float2*>(dq_rows + row * kHeadDim + col), make_float2(acc_dq[r], acc_dq[r + 1]));
+    }
+  }
+
+  // Epilogue: dV and scale·dK straight from the accumulators to the caller's tensors.
+  using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
+  T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride;
+  T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < kDRegs; r += 2) {
+    const int key = key_row0 + 8 * ((r >> 1) & 1);
+    const int col = 8 * (r >> 2) + 2 * (lane % 4);
+    if (key < a.seqlen_k) {
+      *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
+      *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
+          pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
+    }
+  }
+}
+
+}  // namespace bwd
+
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_bwd(const BwdArgs& a, int n_blocks, int heads_kv, int batch, cudaStream_t stream) {
+  using Tile = BwdTile<kHeadDim>;
+  auto kernel = bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
+  constexpr int smem = bwd::Smem<Tile>::kBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  // Causal: key tile 0 has the most query tiles; blockIdx.x = n_block puts the longest CTAs first.
+  kernel<<<dim3(n_blocks, heads_kv, batch), Tile::kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -142,4 +143,265 @@ TEST(Flops, Convention) {
   EXPECT_EQ(backward_flops(c), 2.5 * forward_flops(c));
   c.causal = true;
   EXPECT_EQ(forward_flops(c), 2.0 * 2 * 3 * 100 * 200 * 64);
+}
+
+// ---- flashattn traffic: measured bytes beside the model (issue 5) ----------------------------------
+// What CI can check without a GPU: the columns, the reason printed when nothing is measured, and the
+// argument errors. The measurement itself (CUPTI) runs on the GPU machine (scripts/gpu-physics).
+
+namespace {
+
+// Splits one CSV line (RFC 4180 quoting) into fields.
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+      else if (ch == '"') quoted = false;
+      else out.back() += ch;
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) out.push_back(line);
+  return out;
+}
+
+// A small problem, so that a test never waits on a large one.
+TrafficArgs small_traffic(const std::string& device, const std::string& format) {
+  TrafficArgs a;
+  a.device = device;
+  a.format = format;
+  a.seqlens = {64, 128};
+  a.heads = 4;
+  a.head_dim = 16;
+  return a;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// What the program says when it has no CUDA device to measure on.
+const char* kNoDeviceReason =
+#if defined(FLASHATTN_TOOLS_CUDA)
+    "no CUDA device on this machine";
+#else
+    "this build has no CUDA backend";
+#endif
+
+}  // namespace
+
+TEST(ToolsTraffic, CsvHasMeasuredColumnsAndSaysWhyTheyAreEmpty) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present: the no-device reason cannot be shown";
+  std::ostringstream os;
+  ASSERT_EQ(run_traffic(small_traffic("cuda", "csv"), os), 0);
+  const auto lines = lines_of(os.str());
+  ASSERT_EQ(lines.size(), 1u + 2 * 6) << os.str();  // header + (standard, flash, compulsory) x 2 passes x 2 N
+  EXPECT_EQ(lines[0],
+            "seqlen,pass,algorithm,model_read_bytes,model_write_bytes,measured_read_bytes,measured_write_bytes,"
+            "model_over_flash,measured_over_flash,measured");
+  Config c;
+  c.device = Device::cuda;
+  c.dtype = DType::f16;
+  c.heads = c.heads_kv = 4, c.head_dim = 16, c.seqlen_q = c.seqlen_k = 64;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const auto f = csv_fields(lines[i]);
+    ASSERT_EQ(f.size(), 10u) << lines[i];
+    EXPECT_TRUE(f[5].empty() && f[6].empty() && f[8].empty()) << "measured bytes without a device: " << lines[i];
+    if (f[2] == "compulsory")
+      EXPECT_EQ(f[9], "") << lines[i];
+    else
+      EXPECT_EQ(f[9], std::string("unavailable: ") + kNoDeviceReason) << lines[i];
+  }
+  // The first row is N = 64, forward, standard: the CUDA model (S in fp32), and its ratio to flash.
+  const auto f = csv_fields(lines[1]);
+  EXPECT_EQ(f[0], "64");
+  EXPECT_EQ(f[1], "forward");
+  EXPECT_EQ(f[2], "standard");
+  EXPECT_EQ(std::stod(f[3]), forward_traffic(c, Algorithm::standard).read);
+  EXPECT_EQ(std::stod(f[4]), forward_traffic(c, Algorithm::standard).write);
+  EXPECT_NEAR(std::stod(f[7]),
+              forward_traffic(c, Algorithm::standard).total() / forward_traffic(c, Algorithm::flash).total(), 1e-4);
+}
+
+TEST(ToolsTraffic, JsonKeepsTheModelAndAddsRatioAndMeasured) {
+  std::ostringstream os;
+  ASSERT_EQ(run_traffic(small_traffic("cpu", "json"), os), 0);
+  const std::string text = os.str();
+  // The model's keys (tools/plot.py reads them) are still there, one per row.
+  EXPECT_EQ(json_numbers(text, "seqlen"), (std::vector<double>{64, 128}));
+  EXPECT_EQ(json_numbers(text, "compulsory").size(), 4u);
+  Config c;
+  c.device = Device::cpu;
+  c.dtype = DType::f16;
+  c.heads = c.heads_kv = 4, c.head_dim = 16, c.seqlen_q = c.seqlen_k = 64;
+  // "forward":{...} (the bytes) reads as 0 here, "ratio":{"forward":x} as x.
+  std::vector<double> ratios;
+  for (double r : json_numbers(text, "forward"))
+    if (r > 0) ratios.push_back(r);
+  ASSERT_EQ(ratios.size(), 2u) << text;
+  EXPECT_NEAR(ratios[0], forward_traffic(c, Algorithm::standard).total() / forward_traffic(c, Algorithm::flash).total(),
+              1e-3);
+  EXPECT_NE(text.find("\"measured\":{\"unavailable\":\"not on cpu"), std::string::npos) << text;
+}
+
+TEST(ToolsTraffic, JsonSaysWhyNothingWasMeasuredWithoutADevice) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  std::ostringstream os;
+  ASSERT_EQ(run_traffic(small_traffic("cuda", "json"), os), 0);
+  EXPECT_NE(os.str().find(std::string("\"measured\":{\"unavailable\":\"") + kNoDeviceReason + "\"}"), std::string::npos)
+      << os.str();
+}
+
+TEST(ToolsTraffic, TablePrintsTheReasonLine) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  std::ostringstream os;
+  ASSERT_EQ(run_traffic(small_traffic("cuda", "table"), os), 0);
+  EXPECT_NE(os.str().find(std::string("measured: unavailable — ") + kNoDeviceReason), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("S and dP stored in f32"), std::string::npos) << os.str();  // the CUDA model
+
+  TrafficArgs off = small_traffic("cpu", "table");
+  off.measure = "off";
+  std::ostringstream os_off;
+  ASSERT_EQ(run_traffic(off, os_off), 0);
+  EXPECT_NE(os_off.str().find("measured: unavailable — not asked for (--measure off)"), std::string::npos)
+      << os_off.str();
+}
+
+TEST(ToolsTraffic, RejectsBadArgumentsNamingTheOption) {
+  std::ostringstream os;
+  auto run = [&](TrafficArgs a) { return error_of([&] { run_traffic(a, os); }); };
+  TrafficArgs a = small_traffic("cpu", "xml");
+  EXPECT_NE(run(a).find("--format: expected table, json or csv, got xml"), std::string::npos) << run(a);
+  a = small_traffic("cpu", "table");
+  a.measure = "always";
+  EXPECT_NE(run(a).find("--measure: expected auto or off, got always"), std::string::npos) << run(a);
+  a = small_traffic("cpu", "table");
+  a.profile_call = "sideways:flash";
+  EXPECT_NE(run(a).find("--profile-call: expected forward:standard"), std::string::npos) << run(a);
+  a.profile_call = "forward:flash";
+  EXPECT_NE(run(a).find("--profile-call: needs --device cuda"), std::string::npos) << run(a);
+  if (!cuda_available()) {
+    a.device = "cuda";
+    EXPECT_NE(run(a).find("--profile-call: needs a CUDA device"), std::string::npos) << run(a);
+  }
+  a = small_traffic("cpu", "table");
+  a.seqlens = {64, 0};
+  EXPECT_NE(run(a).find("--seqlen: expected values >= 1, got 0"), std::string::npos) << run(a);
+  a = small_traffic("cpu", "table");
+  a.heads_kv = 3;
+  EXPECT_NE(run(a).find("--heads-kv: expected a divisor of --heads"), std::string::npos) << run(a);
+  a = small_traffic("tpu", "table");
+  EXPECT_NE(run(a).find("--device: expected cpu, cuda or auto"), std::string::npos) << run(a);
+}
+
+TEST(ToolsTimeline, RejectsBadArgumentsNamingTheOption) {
+  std::ostringstream os;
+  auto run = [&](TimelineArgs a) { return error_of([&] { run_timeline(a, os); }); };
+  TimelineArgs a;
+  a.dtype = "int8";
+  EXPECT_NE(run(a).find("--dtype: expected f32, f16, bf16"), std::string::npos) << run(a);
+  a = TimelineArgs{};
+  a.device = "tpu";
+  EXPECT_NE(run(a).find("--device: expected cpu, cuda or auto"), std::string::npos) << run(a);
+  a = TimelineArgs{};
+  a.seqlen = 0;
+  EXPECT_NE(run(a).find("--seqlen: expected >= 1"), std::string::npos) << run(a);
+  if (!cuda_available()) {  // the CUDA timeline needs a device, and says so through --device
+    a = TimelineArgs{};
+    a.device = "cuda";
+    EXPECT_NE(run(a).find("--device"), std::string::npos) << run(a);
+  }
+}
+
+TEST(ToolsFormat, JsonAndCsvQuoting) {
+  EXPECT_EQ(json_string("a \"b\"\\\n"), "\"a \\\"b\\\"\\\\\\n\"");
+  EXPECT_EQ(json_string(std::string("\x01")), "\"\\u0001\"");
+  EXPECT_EQ(csv_field("say \"hi\", twice"), "\"say \"\"hi\"\", twice\"");
+  EXPECT_EQ(csv_fields(csv_field("a,\"b\"")), (std::vector<std::string>{"a,\"b\""}));
+  EXPECT_EQ(strprintf("%d-%s", 7, "x"), "7-x");
+}
+
+// The measured columns, filled by a stand-in for CUPTI that runs each call on the CPU and reports
+// made-up byte counts: call k (0-based, per row: forward standard, forward flash, backward standard,
+// backward flash) "reads" 1000·(k+1) and "writes" 10·(k+1) bytes; the fourth fails.
+TEST(ToolsTraffic, MeasuredColumnsFromAStandInMeasurer) {
+  int calls = 0;
+  const CallMeasurer fake = [&](const std::function<void()>& call) {
+    call();  // the library call itself, on the CPU
+    const int k = calls++ % 4;
+    if (k == 3) return MeasuredCall{false, 0, 0, "stand-in failure"};
+    return MeasuredCall{true, 1000.0 * (k + 1), 10.0 * (k + 1), ""};
+  };
+  TrafficArgs a = small_traffic("cpu", "csv");
+  a.seqlens = {32};
+  std::ostringstream csv;
+  ASSERT_EQ(run_traffic_measured_by(a, csv, fake, "stand-in"), 0);
+  EXPECT_EQ(calls, 4);
+  const auto lines = lines_of(csv.str());
+  ASSERT_EQ(lines.size(), 7u) << csv.str();
+  const auto fwd_std = csv_fields(lines[1]), fwd_flash = csv_fields(lines[2]), bwd_std = csv_fields(lines[4]),
+             bwd_flash = csv_fields(lines[5]);
+  EXPECT_EQ(fwd_std[5], "1000");
+  EXPECT_EQ(fwd_std[6], "10");
+  EXPECT_EQ(fwd_std[9], "stand-in");
+  EXPECT_EQ(fwd_flash[5], "2000");
+  EXPECT_NEAR(std::stod(fwd_std[8]), 1010.0 / 2020.0, 1e-4);  // measured standard over measured flash
+  EXPECT_EQ(bwd_std[5], "3000");
+  EXPECT_EQ(bwd_std[8], "");  // flash backward has no measurement
+  EXPECT_EQ(bwd_flash[5], "");
+  EXPECT_EQ(bwd_flash[9], "unavailable: stand-in failure");
+
+  calls = 0;
+  a.format = "json";
+  std::ostringstream json;
+  ASSERT_EQ(run_traffic_measured_by(a, json, fake, "stand-in"), 0);
+  EXPECT_NE(json.str().find("\"measured\":{\"source\":\"stand-in\",\"forward\":{\"standard\":{\"read\":1000,\"write\":10},"
+                            "\"flash\":{\"read\":2000,\"write\":20}},\"backward\":{\"standard\":{\"read\":3000,\"write\":30},"
+                            "\"flash\":{\"unavailable\":\"stand-in failure\"}},\"ratio\":{\"forward\":0.500,\"backward\":null}}"),
+            std::string::npos)
+      << json.str();
+
+  calls = 0;
+  a.format = "table";
+  std::ostringstream table;
+  ASSERT_EQ(run_traffic_measured_by(a, table, fake, "stand-in"), 0);
+  EXPECT_NE(table.str().find("measured: stand-in; dram__bytes_read.sum and dram__bytes_write.sum"), std::string::npos)
+      << table.str();
+  EXPECT_NE(table.str().find("unavailable (note 1)"), std::string::npos) << table.str();
+  EXPECT_NE(table.str().find("note 1: stand-in failure"), std::string::npos) << table.str();
+}
+
+TEST(ToolsFormat, PadRightCountsCharactersNotBytes) {
+  EXPECT_EQ(pad_right("QKᵀ", 5), "QKᵀ  ");
+  EXPECT_EQ(pad_right("abc", 2), "abc");
+}
+
+TEST(ToolsTraffic, NothingMeasuredFallsBackToTheModelWithTheReason) {
+  const CallMeasurer refuse = [](const std::function<void()>&) {
+    return MeasuredCall{false, 0, 0, "counters refused"};
+  };
+  std::ostringstream os;
+  ASSERT_EQ(run_traffic_measured_by(small_traffic("cpu", "table"), os, refuse, "stand-in"), 0);
+  EXPECT_NE(os.str().find("measured: unavailable — every measurement failed; the first: counters refused"),
+            std::string::npos)
+      << os.str();
 }

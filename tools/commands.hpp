@@ -1,6 +1,7 @@
 // The subcommands of the flashattn program (tools/main.cpp wires them to CLI11).
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -50,16 +51,38 @@ struct TrafficArgs {
   int64_t batch = 1, heads = 32, heads_kv = 0, head_dim = 128;
   bool causal = false;
   std::string format = "table";  // table | json | csv
+  // auto: on CUDA, also measure the DRAM bytes of each call (CUPTI), where the machine allows;
+  // off: the analytic count only.
+  std::string measure = "auto";
+  // For Nsight Compute (scripts/gpu-physics): "forward:standard", "forward:flash",
+  // "backward:standard" or "backward:flash" runs only that call per N — its warm-up, then the call
+  // between cudaProfilerStart and cudaProfilerStop (ncu --profile-from-start off) — and no CUPTI.
+  std::string profile_call;
 };
-int run_traffic(const TrafficArgs& a);
+int run_traffic(const TrafficArgs& a, std::ostream& os);
+
+// The bytes one measured call moved, or why there are none.
+struct MeasuredCall {
+  bool ok = false;
+  double read = 0, write = 0;
+  std::string reason;
+};
+// Runs `call` (one library call) inside whatever measures it.
+using CallMeasurer = std::function<MeasuredCall(const std::function<void()>& call)>;
+// run_traffic with `measurer` in place of CUPTI, on any device, the CPU included: how the tests
+// check the measured columns and the calls' sequence without a GPU. `source` names the measurer.
+int run_traffic_measured_by(const TrafficArgs& a, std::ostream& os, const CallMeasurer& measurer,
+                            const std::string& source);
 
 struct TimelineArgs {
   std::string device = "cpu";
-  std::string dtype = "f32";
+  std::string dtype = "auto";  // f32 on cpu, bf16 on cuda
   int64_t batch = 1, heads = 4, head_dim = 64, seqlen = 4096;
   bool causal = false, backward = false;
 };
-int run_timeline(const TimelineArgs& a);
+int run_timeline(const TimelineArgs& a, std::ostream& os);
+// The CUDA half of run_timeline (tools/timeline_cuda.cpp, built with the CUDA backend only).
+int run_timeline_cuda(const Config& c, bool backward, std::ostream& os);
 
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);

@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 
+#include "commands.hpp"
 #include "core/check.hpp"
 #include "core/dtype.hpp"
 #include "cpu/reference.hpp"
 
 #if defined(FLASHATTN_TOOLS_CUDA)
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -24,6 +27,26 @@ std::string Config::label() const {
   os << " N=" << seqlen_q;
   if (seqlen_k != seqlen_q) os << "x" << seqlen_k;
   return os.str();
+}
+
+// The subcommands' --device and --dtype (declared in commands.hpp); in this library, not in main.cpp,
+// so that the tests can run the subcommands.
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu;
+  if (s == "cuda") {
+    if (!cuda_available()) throw Error("flashattn: --device: expected a device present in this build and machine, got cuda (" + build_info() + ")");
+    return Device::cuda;
+  }
+  if (s == "auto") return cuda_available() ? Device::cuda : Device::cpu;
+  throw Error("flashattn: --device: expected cpu, cuda or auto, got " + s);
+}
+
+DType parse_dtype(const std::string& s, Device device) {
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  if (s == "f16" || s == "fp16" || s == "float16") return DType::f16;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "auto") return device == Device::cpu ? DType::f32 : DType::bf16;
+  throw Error("flashattn: --dtype: expected f32, f16, bf16 or auto, got " + s);
 }
 
 double forward_flops(const Config& c) {
@@ -194,6 +217,67 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
   return buf;
+}
+
+std::string strprintf(const char* fmt, ...) {
+  va_list args, again;
+  va_start(args, fmt);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, args);
+  va_end(args);
+  std::string out(n > 0 ? size_t(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, again);
+  va_end(again);
+  return out;
+}
+
+std::string pad_right(const std::string& s, size_t width) {
+  size_t shown = 0;
+  for (const char ch : s) shown += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;  // not a continuation byte
+  return shown >= width ? s : s + std::string(width - shown, ' ');
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20)
+          out += strprintf("\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string csv_field(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"') out += '"';
+    out += ch == '\n' ? ' ' : ch;
+  }
+  return out + "\"";
+}
+
+void external_profiler_start() {
+#if defined(FLASHATTN_TOOLS_CUDA)
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cuda_check(cudaProfilerStart(), "cudaProfilerStart");
+#else
+  throw Error("flashattn tools: an external profiler range needs the CUDA backend, which this build lacks");
+#endif
+}
+
+void external_profiler_stop() {
+#if defined(FLASHATTN_TOOLS_CUDA)
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cuda_check(cudaProfilerStop(), "cudaProfilerStop");
+#endif
 }
 
 }  // namespace flashattn::tools

@@ -72,6 +72,20 @@ inline double sampled_error_bound(DType t) { return t == DType::f32 ? 1e-4 : t =
 void fill_random(void* host, DType dtype, size_t count, std::mt19937_64& rng, float stddev = 1.0f);
 
 std::string human_bytes(double bytes);
+// printf into a std::string (the subcommands write to a std::ostream that tests can capture).
+std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// s padded with spaces to `width` characters as a terminal shows them (UTF-8: ᵀ, ∘, − are one
+// character but several bytes, which printf's %-Ns would count).
+std::string pad_right(const std::string& s, size_t width);
+// A JSON string literal (quotes included) of s.
+std::string json_string(const std::string& s);
+// A CSV field (RFC 4180: quoted, inner quotes doubled) of s.
+std::string csv_field(const std::string& s);
+
+// Around one call that Nsight Compute should profile (ncu --profile-from-start off):
+// cudaProfilerStart / cudaProfilerStop. Throw Error in a build without CUDA.
+void external_profiler_start();
+void external_profiler_stop();
 uint64_t fresh_seed();
 void device_synchronize(Device device);
 

@@ -4,28 +4,6 @@
 
 #include "commands.hpp"
 
-namespace flashattn::tools {
-
-Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu;
-  if (s == "cuda") {
-    if (!cuda_available()) throw Error("flashattn: --device: expected a device present in this build and machine, got cuda (" + build_info() + ")");
-    return Device::cuda;
-  }
-  if (s == "auto") return cuda_available() ? Device::cuda : Device::cpu;
-  throw Error("flashattn: --device: expected cpu, cuda or auto, got " + s);
-}
-
-DType parse_dtype(const std::string& s, Device device) {
-  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
-  if (s == "f16" || s == "fp16" || s == "float16") return DType::f16;
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "auto") return device == Device::cpu ? DType::f32 : DType::bf16;
-  throw Error("flashattn: --dtype: expected f32, f16, bf16 or auto, got " + s);
-}
-
-}  // namespace flashattn::tools
-
 int main(int argc, char** argv) {
   using namespace flashattn::tools;
   CLI::App app{"flashattn — exact attention that moves less data"};
@@ -80,12 +58,19 @@ int main(int argc, char** argv) {
   c_traffic->add_option("--format", traffic.format, "table, json or csv")->capture_default_str();
   c_traffic->add_flag_callback("--json", [&] { traffic.format = "json"; });
   c_traffic->add_flag_callback("--csv", [&] { traffic.format = "csv"; });
+  c_traffic->add_option("--measure", traffic.measure,
+                        "auto: on cuda, also measure each call's DRAM bytes (CUPTI) where the machine allows; "
+                        "off: the analytic count only")->capture_default_str();
+  c_traffic->add_option("--profile-call", traffic.profile_call,
+                        "for Nsight Compute: run only this call (forward:standard, forward:flash, backward:standard "
+                        "or backward:flash) per N, after its warm-up, between cudaProfilerStart/Stop "
+                        "(ncu --profile-from-start off); no CUPTI");
 
   TimelineArgs timeline;
   auto* c_timeline = app.add_subcommand("timeline", "time of each stage of the standard algorithm against this "
                                                     "machine's measured bandwidth and FLOP ceilings, beside flash");
-  c_timeline->add_option("--device", timeline.device, "cpu")->capture_default_str();
-  c_timeline->add_option("--dtype", timeline.dtype, "f32, f16 or bf16")->capture_default_str();
+  c_timeline->add_option("--device", timeline.device, "cpu, cuda or auto")->capture_default_str();
+  c_timeline->add_option("--dtype", timeline.dtype, "f32, f16, bf16 or auto (f32 on cpu, bf16 on cuda)")->capture_default_str();
   c_timeline->add_option("-N,--seqlen", timeline.seqlen)->capture_default_str()->check(CLI::PositiveNumber);
   c_timeline->add_option("--batch", timeline.batch)->capture_default_str()->check(CLI::PositiveNumber);
   c_timeline->add_option("--heads", timeline.heads)->capture_default_str()->check(CLI::PositiveNumber);
@@ -98,8 +83,8 @@ int main(int argc, char** argv) {
     if (c_demo->parsed()) return run_demo(demo);
     if (c_bench->parsed()) return run_bench(bench);
     if (c_trace->parsed()) return run_trace(trace, std::cout);
-    if (c_traffic->parsed()) return run_traffic(traffic);
-    if (c_timeline->parsed()) return run_timeline(timeline);
+    if (c_traffic->parsed()) return run_traffic(traffic, std::cout);
+    if (c_timeline->parsed()) return run_timeline(timeline, std::cout);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -1,11 +1,13 @@
 // flashattn timeline: where the time of the standard algorithm goes, stage by stage, beside the
 // flash kernel — each stage's achieved bandwidth and FLOP rate against this machine's ceilings,
-// which the program measures itself (a large copy; the tile GEMM on cache-resident data).
+// which the program measures itself (CPU: a large copy, the tile GEMM on cache-resident data;
+// CUDA: tools/timeline_cuda.cpp).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ostream>
 
 #include "commands.hpp"
 #include "core/backend.hpp"
@@ -60,10 +62,8 @@ double measure_gemm_rate(int64_t d) {
 
 }  // namespace
 
-int run_timeline(const TimelineArgs& a) {
-  const Device device = parse_device(a.device);
-  if (device != Device::cpu)
-    throw Error("flashattn timeline: --device: expected cpu (the CUDA stage timeline is not built yet), got cuda");
+int run_timeline(const TimelineArgs& a, std::ostream& os) {
+  const Device device = parse_device(a.device);  // cuda without a device: an Error naming --device
   Config c;
   c.device = device;
   c.dtype = parse_dtype(a.dtype, device);
@@ -72,11 +72,19 @@ int run_timeline(const TimelineArgs& a) {
   c.head_dim = a.head_dim;
   c.seqlen_q = c.seqlen_k = a.seqlen;
   c.causal = a.causal;
+  if (a.seqlen < 1) throw Error("flashattn timeline: --seqlen: expected >= 1, got " + std::to_string(a.seqlen));
+  if (device == Device::cuda) {
+#if defined(FLASHATTN_TOOLS_CUDA)
+    return run_timeline_cuda(c, a.backward, os);
+#else
+    throw Error("flashattn timeline: --device: this build has no CUDA backend");
+#endif
+  }
   const double bw = measure_copy_bandwidth(), peak = measure_gemm_rate(c.head_dim);
-  std::printf("flashattn timeline — cpu (%d threads, %s kernels), %s\n", omp_get_max_threads(), cpu::isa_name(),
-              c.label().c_str());
-  std::printf("ceilings measured now: copy %.1f GB/s (read + write), tile GEMM %.1f GFLOP/s (cache-resident)\n\n",
-              bw / 1e9, peak / 1e9);
+  os << strprintf("flashattn timeline — cpu (%d threads, %s kernels), %s\n", omp_get_max_threads(), cpu::isa_name(),
+                  c.label().c_str());
+  os << strprintf("ceilings measured now: copy %.1f GB/s (read + write), tile GEMM %.1f GFLOP/s (cache-resident)\n\n",
+                  bw / 1e9, peak / 1e9);
 
   Problem pb(c, a.backward, fresh_seed());
   Options opt;
@@ -104,23 +112,24 @@ int run_timeline(const TimelineArgs& a) {
   run_pass(Algorithm::flash, nullptr);
   const double flash_s = run_pass(Algorithm::flash, nullptr);
 
-  std::printf("%-42s %9s %6s %10s %6s %11s %6s  %s\n", "standard, stage", "time", "share", "GB/s", "of bw", "GFLOP/s",
-              "of pk", "bound by");
+  os << strprintf("%-42s %9s %6s %10s %6s %11s %6s  %s\n", "standard, stage", "time", "share", "GB/s", "of bw",
+                  "GFLOP/s", "of pk", "bound by");
   double mem_s = 0;
   for (const auto& st : prof.stages) {
     const double t_mem = st.bytes / bw, t_math = st.flops / peak;
     mem_s += std::min(st.seconds, t_mem);
-    std::printf("%-42s %6.1f ms %5.0f%% %10.1f %5.0f%% %11.1f %5.0f%%  %s\n", st.name.c_str(), st.seconds * 1e3,
-                100 * st.seconds / std_s, st.bytes / st.seconds / 1e9, 100 * t_mem / st.seconds,
-                st.flops / st.seconds / 1e9, 100 * t_math / st.seconds, t_mem > t_math ? "memory" : "arithmetic");
+    os << strprintf("%s %6.1f ms %5.0f%% %10.1f %5.0f%% %11.1f %5.0f%%  %s\n", pad_right(st.name, 42).c_str(), st.seconds * 1e3,
+                    100 * st.seconds / std_s, st.bytes / st.seconds / 1e9, 100 * t_mem / st.seconds,
+                    st.flops / st.seconds / 1e9, 100 * t_math / st.seconds, t_mem > t_math ? "memory" : "arithmetic");
   }
   const double flops = a.backward ? backward_flops(c) : forward_flops(c);
-  std::printf("%-42s %6.1f ms\n", "standard, whole call", std_s * 1e3);
-  std::printf("%-42s %6.1f ms %6s %10s %6s %11.1f %5.0f%%\n", "flash, whole call (S, P stay in cache)", flash_s * 1e3,
-              "", "", "", flops / flash_s / 1e9, 100 * flops / flash_s / peak);
-  std::printf("\nAt the copy ceiling, moving the standard path's bytes alone takes %.1f ms of its %.1f ms;\n"
-              "flash is %.1fx faster on the same tile kernels. (FLOP/s of whole calls use the 4·B·H·N²·d convention%s.)\n",
-              mem_s * 1e3, std_s * 1e3, std_s / flash_s, a.backward ? " ×2.5" : "");
+  os << strprintf("%-42s %6.1f ms\n", "standard, whole call", std_s * 1e3);
+  os << strprintf("%-42s %6.1f ms %6s %10s %6s %11.1f %5.0f%%\n", "flash, whole call (S, P stay in cache)",
+                  flash_s * 1e3, "", "", "", flops / flash_s / 1e9, 100 * flops / flash_s / peak);
+  os << strprintf("\nAt the copy ceiling, moving the standard path's bytes alone takes %.1f ms of its %.1f ms;\n"
+                  "flash is %.1fx faster on the same tile kernels. (FLOP/s of whole calls use the 4·B·H·N²·d "
+                  "convention%s.)\n",
+                  mem_s * 1e3, std_s * 1e3, std_s / flash_s, a.backward ? " ×2.5" : "");
   return 0;
 }
 

@@ -31,8 +31,9 @@ struct LseRef {
   }
 };
 
-// Per-stage timings of one call, filled by backends that know their stages (the standard path)
-// when the flashattn program asks for them (`flashattn timeline`); never set by the public API.
+// Per-stage timings of one call, filled by backends that know their stages (the standard path:
+// src/cpu/standard.cpp with wall time, src/cuda/standard with CUDA events) when the flashattn
+// program asks for them (`flashattn timeline`); never set by the public API.
 struct StageProfile {
   struct Stage {
     std::string name;

@@ -162,6 +162,56 @@ void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, i
                "cublasGemmStridedBatchedEx");
 }
 
+// Stage timings for `flashattn timeline` (p.profile is set by the program, never by the public
+// API): CUDA events around each stage, read once at the end of the call so that the stages still
+// run back to back. Without a profile a stage is a plain call behind one branch.
+class StageTimer {
+ public:
+  StageTimer(detail::StageProfile* profile, cudaStream_t stream) : profile_(profile), stream_(stream) {}
+  ~StageTimer() {
+    for (const Mark& m : marks_) {
+      if (m.begin) cudaEventDestroy(m.begin);
+      if (m.end) cudaEventDestroy(m.end);
+    }
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+  // flops and bytes: the stage's arithmetic and the main-memory traffic it implies.
+  template <class Fn>
+  void run(const char* name, double flops, double bytes, Fn&& fn) {
+    if (!profile_) return fn();
+    marks_.push_back({name, flops, bytes, nullptr, nullptr});
+    Mark& m = marks_.back();
+    check_cuda(cudaEventCreate(&m.begin), "cudaEventCreate (stage timer)");
+    check_cuda(cudaEventCreate(&m.end), "cudaEventCreate (stage timer)");
+    check_cuda(cudaEventRecord(m.begin, stream_), "cudaEventRecord (stage timer)");
+    fn();
+    check_cuda(cudaEventRecord(m.end, stream_), "cudaEventRecord (stage timer)");
+  }
+
+  // Waits for the last stage and adds every stage's time to the profile.
+  void finish() {
+    if (!profile_ || marks_.empty()) return;
+    check_cuda(cudaEventSynchronize(marks_.back().end), "cudaEventSynchronize (stage timer)");
+    for (const Mark& m : marks_) {
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, m.begin, m.end), "cudaEventElapsedTime (stage timer)");
+      profile_->add(m.name, 1e-3 * ms, m.flops, m.bytes);
+    }
+  }
+
+ private:
+  struct Mark {
+    const char* name;
+    double flops, bytes;
+    cudaEvent_t begin, end;
+  };
+  detail::StageProfile* profile_;
+  cudaStream_t stream_;
+  std::vector<Mark> marks_;
+};
+
 std::vector<detail::SeqSpan> spans_of(const detail::Params& p, cudaStream_t stream) {
   std::vector<detail::SeqSpan> spans;
   if (!p.varlen()) {
@@ -194,9 +244,13 @@ void forward_impl(const detail::Params& p, cudaStream_t stream) {
   DeviceScratch p_buf(size_t(g) * max_qk * sizeof(T), stream);
   cublasHandle_t h = handle_for(stream);
   const cudaDataType_t tt = data_type<T>();
+  StageTimer timer(p.profile, stream);
+  const double e = sizeof(T);
   for (const auto& s : spans) {
     const int nq = int(s.q_len), nk = int(s.k_len);
     if (nq == 0) continue;
+    // Elements per (sequence, KV head) for the stage timer: scores, query-side rows, key rows.
+    const double nn = double(g) * nq * nk, qd = double(g) * nq * d, kd = double(nk) * d;
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const int64_t h0 = hk * g;
       T* out = at<T>(p.out, s.batch_index, s.q_start, h0);
@@ -215,20 +269,27 @@ void forward_impl(const detail::Params& p, cudaStream_t stream) {
       float* S = s_buf.as<float>();
       T* P = p_buf.as<T>();
       // Sᵀ (col-major Nk x Nq) = Kᵀ(col-major d x Nk)ᵀ · Q(col-major d x Nq)
-      gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, at<T>(p.k, s.batch_index, s.k_start, hk), tt,
-           p.k.row_stride, 0, at<T>(p.q, s.batch_index, s.q_start, h0), tt, p.q.row_stride,
-           p.q.head_stride, 0.f, S, CUDA_R_32F, nk, int64_t(nq) * nk, g);
+      timer.run("S = QKᵀ          (cuBLAS; write S, fp32)", 2 * nn * d, e * (qd + kd) + 4 * nn, [&] {
+        gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, at<T>(p.k, s.batch_index, s.k_start, hk), tt,
+             p.k.row_stride, 0, at<T>(p.q, s.batch_index, s.q_start, h0), tt, p.q.row_stride,
+             p.q.head_stride, 0.f, S, CUDA_R_32F, nk, int64_t(nq) * nk, g);
+      });
       float* lse = p.lse.data ? p.lse.data + p.lse.offset(s.batch_index, h0, s.q_start) : nullptr;
-      softmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
-          S, P, nq, nk, p.scale, p.softcap, {nq, nk, p.window_left, p.window_right}, lse,
-          p.lse.head_stride, p.lse.row_stride, 0);
-      check_launch("softmax_kernel");
+      timer.run("P = softmax(S)   (read S, write P)", 0, (4 + e) * nn + (lse ? 4.0 * g * nq : 0), [&] {
+        softmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
+            S, P, nq, nk, p.scale, p.softcap, {nq, nk, p.window_left, p.window_right}, lse,
+            p.lse.head_stride, p.lse.row_stride, 0);
+        check_launch("softmax_kernel");
+      });
       // O (col-major d x Nq) = V (col-major d x Nk) · Pᵀ-as-stored (col-major Nk x Nq)
-      gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, 1.f, at<T>(p.v, s.batch_index, s.k_start, hk), tt,
-           p.v.row_stride, 0, P, tt, nk, int64_t(nq) * nk, 0.f, out, tt, p.out.row_stride,
-           p.out.head_stride, g);
+      timer.run("O = P·V          (cuBLAS; read P)", 2 * nn * d, e * (nn + kd + qd), [&] {
+        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, 1.f, at<T>(p.v, s.batch_index, s.k_start, hk), tt,
+             p.v.row_stride, 0, P, tt, nk, int64_t(nq) * nk, 0.f, out, tt, p.out.row_stride,
+             p.out.head_stride, g);
+      });
     }
   }
+  timer.finish();
 }
 
 template <class T>
@@ -246,8 +307,12 @@ void backward_impl(const detail::Params& p, cudaStream_t stream) {
   DeviceScratch dkv_buf(size_t(2) * max_k * d * sizeof(float), stream);
   cublasHandle_t h = handle_for(stream);
   const cudaDataType_t tt = data_type<T>();
+  StageTimer timer(p.profile, stream);
+  const double e = sizeof(T);
   for (const auto& s : spans) {
     const int nq = int(s.q_len), nk = int(s.k_len);
+    // Elements per (sequence, KV head) for the stage timer: scores, query-side rows, key rows.
+    const double nn = double(g) * nq * nk, qd = double(g) * nq * d, kd = double(nk) * d;
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
       const int64_t h0 = hk * g;
       const int64_t bi = s.batch_index;
@@ -259,7 +324,9 @@ void backward_impl(const detail::Params& p, cudaStream_t stream) {
       if (nk == 0) continue;
       float* dK = dkv_buf.as<float>();
       float* dV = dK + int64_t(nk) * d;
-      check_cuda(cudaMemsetAsync(dK, 0, size_t(2) * nk * d * sizeof(float), stream), "cudaMemsetAsync");
+      timer.run("dK, dV = 0       (fp32 accumulators)", 0, 8 * kd, [&] {
+        check_cuda(cudaMemsetAsync(dK, 0, size_t(2) * nk * d * sizeof(float), stream), "cudaMemsetAsync");
+      });
       if (nq > 0) {
         float* S = s_buf.as<float>();
         float* dP = dp_buf.as<float>();
@@ -269,36 +336,54 @@ void backward_impl(const detail::Params& p, cudaStream_t stream) {
         const T* Q = at<T>(p.q, bi, s.q_start, h0);
         const T* dO = at<T>(p.dout, bi, s.q_start, h0);
         const int64_t qk = int64_t(nq) * nk;
-        gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, K, tt, p.k.row_stride, 0, Q, tt,
-             p.q.row_stride, p.q.head_stride, 0.f, S, CUDA_R_32F, nk, qk, g);
-        softmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
-            S, P, nq, nk, p.scale, p.softcap, {nq, nk, p.window_left, p.window_right}, nullptr, 0, 0, 0);
-        check_launch("softmax_kernel");
+        timer.run("S = QKᵀ          (cuBLAS; write S, fp32)", 2 * nn * d, e * (qd + kd) + 4 * nn, [&] {
+          gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, K, tt, p.k.row_stride, 0, Q, tt,
+               p.q.row_stride, p.q.head_stride, 0.f, S, CUDA_R_32F, nk, qk, g);
+        });
+        timer.run("P = softmax(S)   (read S, write P)", 0, (4 + e) * nn, [&] {
+          softmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
+              S, P, nq, nk, p.scale, p.softcap, {nq, nk, p.window_left, p.window_right}, nullptr, 0, 0, 0);
+          check_launch("softmax_kernel");
+        });
         // dPᵀ (col-major Nk x Nq) = V(col-major d x Nk)ᵀ · dO(col-major d x Nq)
-        gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, V, tt, p.v.row_stride, 0, dO, tt,
-             p.dout.row_stride, p.dout.head_stride, 0.f, dP, CUDA_R_32F, nk, qk, g);
-        for (int hl = 0; hl < g; ++hl)  // dV (col-major d x Nk) += dO (d x Nq) · P-as-stored ᵀ
-          gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, 1.f, dO + hl * p.dout.head_stride, tt,
-               p.dout.row_stride, 0, P + hl * qk, tt, nk, 0, 1.f, dV, CUDA_R_32F, d, 0, 1);
-        dsoftmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
-            S, dP, P, nq, nk, p.scale, p.softcap, at<T>(p.out, bi, s.q_start, h0), p.out.head_stride,
-            p.out.row_stride, dO, p.dout.head_stride, p.dout.row_stride, d);
-        check_launch("dsoftmax_kernel");
-        for (int hl = 0; hl < g; ++hl)  // dK += scale · Q (d x Nq) · dSᵀ
-          gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, p.scale, Q + hl * p.q.head_stride, tt,
-               p.q.row_stride, 0, P + hl * qk, tt, nk, 0, 1.f, dK, CUDA_R_32F, d, 0, 1);
+        timer.run("dP = dO·Vᵀ       (cuBLAS; write dP, fp32)", 2 * nn * d, e * (qd + kd) + 4 * nn, [&] {
+          gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, 1.f, V, tt, p.v.row_stride, 0, dO, tt,
+               p.dout.row_stride, p.dout.head_stride, 0.f, dP, CUDA_R_32F, nk, qk, g);
+        });
+        timer.run("dV += Pᵀ·dO      (cuBLAS; read P)", 2 * nn * d, e * (nn + qd) + 8 * kd, [&] {
+          for (int hl = 0; hl < g; ++hl)  // dV (col-major d x Nk) += dO (d x Nq) · P-as-stored ᵀ
+            gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, 1.f, dO + hl * p.dout.head_stride, tt,
+                 p.dout.row_stride, 0, P + hl * qk, tt, nk, 0, 1.f, dV, CUDA_R_32F, d, 0, 1);
+        });
+        timer.run("dS = P∘(dP−D)    (read P, dP; write dS)", 0,
+                  (2 * e + 4 + (p.softcap > 0 ? 4 : 0)) * nn + 2 * e * qd, [&] {
+          dsoftmax_kernel<T><<<dim3(nq, g), kThreads, 0, stream>>>(
+              S, dP, P, nq, nk, p.scale, p.softcap, at<T>(p.out, bi, s.q_start, h0), p.out.head_stride,
+              p.out.row_stride, dO, p.dout.head_stride, p.dout.row_stride, d);
+          check_launch("dsoftmax_kernel");
+        });
+        timer.run("dK += dSᵀ·Q      (cuBLAS; read dS)", 2 * nn * d, e * (nn + qd) + 8 * kd, [&] {
+          for (int hl = 0; hl < g; ++hl)  // dK += scale · Q (d x Nq) · dSᵀ
+            gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, p.scale, Q + hl * p.q.head_stride, tt,
+                 p.q.row_stride, 0, P + hl * qk, tt, nk, 0, 1.f, dK, CUDA_R_32F, d, 0, 1);
+        });
         // dQ (col-major d x Nq) = scale · K (d x Nk) · dS-as-stored (Nk x Nq)
-        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, p.scale, K, tt, p.k.row_stride, 0, P, tt, nk, qk,
-             0.f, at<T>(p.dq, bi, s.q_start, h0), tt, p.dq.row_stride, p.dq.head_stride, g);
+        timer.run("dQ = dS·K        (cuBLAS; read dS)", 2 * nn * d, e * (nn + kd + qd), [&] {
+          gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, p.scale, K, tt, p.k.row_stride, 0, P, tt, nk, qk,
+               0.f, at<T>(p.dq, bi, s.q_start, h0), tt, p.dq.row_stride, p.dq.head_stride, g);
+        });
       }
-      store_rows_kernel<T><<<blocks_for(int64_t(nk) * d), 256, 0, stream>>>(
-          dK, at<T>(p.dk, bi, s.k_start, hk), p.dk.row_stride, nk, d);
-      check_launch("store_rows_kernel");
-      store_rows_kernel<T><<<blocks_for(int64_t(nk) * d), 256, 0, stream>>>(
-          dV, at<T>(p.dv, bi, s.k_start, hk), p.dv.row_stride, nk, d);
-      check_launch("store_rows_kernel");
+      timer.run("dK, dV → dtype   (read fp32, write)", 0, (8 + 2 * e) * kd, [&] {
+        store_rows_kernel<T><<<blocks_for(int64_t(nk) * d), 256, 0, stream>>>(
+            dK, at<T>(p.dk, bi, s.k_start, hk), p.dk.row_stride, nk, d);
+        check_launch("store_rows_kernel");
+        store_rows_kernel<T><<<blocks_for(int64_t(nk) * d), 256, 0, stream>>>(
+            dV, at<T>(p.dv, bi, s.k_start, hk), p.dv.row_stride, nk, d);
+        check_launch("store_rows_kernel");
+      });
     }
   }
+  timer.finish();
 }
 
 }  // namespace

@@ -281,3 +281,14 @@ def test_errors_carry_the_core_message():
     if "cuda" in DEVICES:
         with pytest.raises(TypeError, match="device"):
             flash_attn_func(q.cuda(), k, v)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA and flashattn's CUDA backend")
+def test_cuda_layout_error_message():
+    """A head stride of 68 elements is not 16-byte aligned: the CUDA flash kernels refuse it with a
+    message that formats the strides (std::ostringstream inside the CUDA backend — the path that
+    crashed the Python process in issue 6 when the module exported its static C++ runtime)."""
+    base = torch.randn(1, 8, 2, 68, device="cuda", dtype=torch.float16)
+    q = k = v = base[..., :64]
+    with pytest.raises(ValueError, match=r"q: .*strides \(\d+, 136, 68\)"):
+        flash_attn_func(q, k, v)

@@ -51,10 +51,10 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
 }
 
 struct ConvertArgs {
-  const float* dq_accum;  // (batch, heads, m_pad, D)
+  const float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64): 64 × 64 blocks (launch.hpp)
   void* dq;
   long long dq_batch, dq_row, dq_head;
-  int heads, seqlen_q, m_pad, head_dim;
+  int heads, seqlen_q, m_blocks, head_dim;
   float scale;
   long long pairs;  // batch · heads · seqlen_q · D / 2
 };
@@ -69,7 +69,8 @@ __global__ void dq_convert_kernel(const ConvertArgs a) {
   const int i = int(r % a.seqlen_q);
   const long long bh = r / a.seqlen_q;
   const int h = int(bh % a.heads), b = int(bh / a.heads);
-  const float2 v = *reinterpret_cast<const float2*>(a.dq_accum + ((bh * a.m_pad) + i) * a.head_dim + c);
+  const long long block = (bh * a.m_blocks + i / 64) * (a.head_dim / 64) + c / 64;
+  const float2 v = *reinterpret_cast<const float2*>(a.dq_accum + block * 4096 + (i % 64) * 64 + c % 64);
   T* dst = static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c;
   dst[0] = T(v.x * a.scale);
   dst[1] = T(v.y * a.scale);

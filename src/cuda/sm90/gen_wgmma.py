@@ -43,7 +43,7 @@ for N in (64, 80, 128, 176, 192, 256):
 # Both operands MN-major from shared memory (imm-trans-a = imm-trans-b = 1): dQ = dS·K of the
 # backward, where dSᵀ is staged as [key][query] and K is [key][d] (kernel_bwd.cuh).
 out.append("template <int N, bool kF16> struct WgmmaMN;")
-for N in (64,):
+for N in (64, 128):
     nreg = N // 2
     for f16 in (False, True):
         ty = "f16" if f16 else "bf16"

@@ -16,7 +16,8 @@
 //       dK += dSᵀ·Q             (RS, Q MN-major)                 (× scale in the epilogue)
 //       dSᵀ → smem (16-bit, 128B-swizzled [key][query] chunks), both warpgroups, named barrier
 //       dQ_partial = dS·K       (SS, A and B MN-major)           m64n64 per warpgroup
-//       dQ_accum += dQ_partial  (fp32 vector atomics, unordered: not bitwise reproducible)
+//       dQ_accum += dQ_partial  (staged in smem, one bulk fp32 reduction in L2 per block;
+//                                unordered across CTAs: not bitwise reproducible)
 // Sᵀ and dPᵀ are issued together; Pᵀ is computed while dPᵀ runs and dV is issued before dSᵀ is
 // computed, so the tensor cores stay busy through the elementwise work.
 // Masks: keys past seqlen_k and (causal) keys after a query's diagonal get P = 0 explicitly;
@@ -42,6 +43,7 @@ struct Smem {
   uint8_t* q;   // stage s at + s·kQBytes
   uint8_t* dO;
   uint8_t* ds;  // buffer b at + b·kDSBytes
+  float* dq_stage;  // warpgroup g, buffer b at + (2g + b)·64·64
   float* lse;   // stage s at + s·kBlockM
   float* dsum;
   uint64_t* full_kv;
@@ -56,7 +58,8 @@ struct Smem {
     s.q = s.v + Tile::kKVBytes;
     s.dO = s.q + Tile::kStages * Tile::kQBytes;
     s.ds = s.dO + Tile::kStages * Tile::kQBytes;
-    s.lse = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
+    s.dq_stage = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
+    s.lse = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s.dq_stage) + 4 * Tile::kDqStageBytes);
     s.dsum = s.lse + Tile::kStages * Tile::kBlockM;
     uint64_t* bars = reinterpret_cast<uint64_t*>(s.dsum + Tile::kStages * Tile::kBlockM);
     s.full_kv = bars;
@@ -152,11 +155,25 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
   const uint32_t q_base = ptx::smem_addr(sm.q), do_base = ptx::smem_addr(sm.dO), ds_base = ptx::smem_addr(sm.ds);
   const int key_row0 = n_block * kBlockN + 64 * g + 16 * (t / 32) + lane / 4;  // this thread's half-0 key
-  // dQ = dS·K, one m64n64 accumulator per warpgroup: d64 splits the sum over keys (each warpgroup
-  // its own 64 keys, so it reads only its own dSᵀ rows); d128 splits the head dim (each warpgroup
-  // 64 columns, summing over all 128 keys: it reads the other warpgroup's dSᵀ rows too).
+  // dQ = dS·K, one m64n64 accumulator per warpgroup. d64 splits the sum over keys (each warpgroup
+  // its own 64 keys, reading only its own dSᵀ rows, so the warpgroups run independently and can
+  // ping-pong); d128 splits the head dim (each warpgroup 64 columns over all 128 keys, reading the
+  // other warpgroup's dSᵀ rows too: the warpgroups meet at a barrier every step). (Splitting d128
+  // over keys needs a 64-register m64n128 dQ accumulator: ptxas serialized the wgmmas.)
   constexpr bool kSplitKeys = kHeadDim == 64;
-  const int dq_col_off = kSplitKeys ? 0 : 64 * g;
+  // Ping-pong (d64 only): the warpgroups take turns issuing their two bursts of GEMMs per step
+  // ([Sᵀ, dPᵀ] and [dV, dK, dQ]), so one warpgroup's elementwise work overlaps the other's GEMMs
+  // (hopper-sm90.md §4). Named barriers 4 + g; warpgroup 0 takes the first turn.
+  const bool pingpong = kSplitKeys && (a.flags & kBwdPingPong) != 0;
+  const int turns = 2 * steps;
+  int turn = 0;
+  auto turn_begin = [&] {
+    if (pingpong) ptx::named_bar_sync(4 + g, 256);
+  };
+  auto turn_end = [&] {
+    if (pingpong && !(g == 1 && ++turn == turns)) ptx::named_bar_arrive(4 + (g ^ 1), 256);
+  };
+  if (pingpong && g == 0 && steps > 0) ptx::named_bar_arrive(4, 256);
 
   if (steps > 0) ptx::mbar_wait(sm.full_kv, 0);
   for (int it = 0; it < steps; ++it) {
@@ -170,6 +187,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     float acc_s[kSRegs], acc_dp[kSRegs];
     ptx::fence_operand(acc_s);
     ptx::fence_operand(acc_dp);
+    turn_begin();
     ptx::wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kHeadDim / 16; ++s) {
@@ -185,6 +203,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       Wgmma<kBlockM, kF16, 0>::ss(acc_dp, dv, ddo, s > 0);
     }
     ptx::wgmma_commit();
+    turn_end();
 
     // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
     ptx::wgmma_wait<1>();
@@ -216,18 +235,23 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 #pragma unroll
       for (int j = 0; j < 4; ++j) p_a[s][j] = pack2<kF16>(acc_s[8 * s + 2 * j], acc_s[8 * s + 2 * j + 1]);
 
-    // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per step).
-    ptx::fence_operand(acc_dv);
-    ptx::wgmma_fence();
+    // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
+    // step). Without ping-pong it is issued right away, to run while dSᵀ is computed.
+    auto issue_dv = [&] {
+      ptx::fence_operand(acc_dv);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kMSteps; ++s) {
-      const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
-      Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
-    }
-    ptx::wgmma_commit();
+      for (int s = 0; s < kMSteps; ++s) {
+        const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
+        Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
+      }
+      ptx::wgmma_commit();
+    };
+    if (!pingpong) issue_dv();
 
     // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run).
-    ptx::wgmma_wait<1>();
+    if (pingpong) ptx::wgmma_wait<0>();
+    else ptx::wgmma_wait<1>();
     ptx::fence_operand(acc_dp);
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
@@ -252,7 +276,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
             ds_a[s][j];
       }
 
-    // dK += dSᵀ·Q (unscaled; × scale in the epilogue).
+    // dK += dSᵀ·Q (unscaled; × scale in the epilogue), then dQ = dS·K: A = dS (queries × keys) is
+    // the staged dSᵀ read MN-major, B = K ([key][d]) MN-major.
+    ptx::fence_proxy_async();
+    if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
+    turn_begin();
+    if (pingpong) issue_dv();
     ptx::fence_operand(acc_dk);
     ptx::wgmma_fence();
 #pragma unroll
@@ -261,42 +290,66 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       Wgmma<kHeadDim, kF16, 1>::rs(acc_dk, ds_a[s], dq, 1);
     }
     ptx::wgmma_commit();
-
-    // dQ = dS·K. A = dS (queries × keys) is the staged dSᵀ read MN-major; B = K ([key][d]) MN-major.
-    ptx::fence_proxy_async();
-    if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
-    else ptx::named_bar_sync(3, 256);                 // both warpgroups' rows are
+    if (!kSplitKeys) ptx::named_bar_sync(3, 256);  // both warpgroups' rows are in smem
     float acc_dq[32];
-    ptx::fence_operand(acc_dq);
-    ptx::wgmma_fence();
-    const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
-    const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
-    constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
+    {
+      ptx::fence_operand(acc_dq);
+      ptx::wgmma_fence();
+      const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
+      const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
+      constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
 #pragma unroll
-    for (int s = 0; s < kKeySteps; ++s) {
-      const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
-      const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
-      WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
+      for (int s = 0; s < kKeySteps; ++s) {
+        const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
+        const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
+        WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
+      }
     }
     ptx::wgmma_commit();
+    turn_end();
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc_dq);
     ptx::fence_operand(acc_dv);
     ptx::fence_operand(acc_dk);
     ptx::fence_operand(p_a);
     ptx::fence_operand(ds_a);
+    // Every thread of the warpgroup is past its reads of this stage (LSE and D with plain loads):
+    // release it to the producer.
+    ptx::named_bar_sync(1 + g, 128);
     if (t == 0) ptx::mbar_arrive(sm.empty + stage);
 
-    // dQ_accum (batch, head, m_pad, D) += this warpgroup's m64n64 block, two columns per atomic.
-    float* dq_rows = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_pad + q0) * kHeadDim +
-                     dq_col_off;
+    // dQ_accum's 64 × 64 block (rows of this query tile, head-dim chunk) += acc_dq.
+    float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_blocks + m) *
+                                       (kHeadDim / 64) * 4096 + (kSplitKeys ? 0 : g * 4096);
+    if (a.flags & kBwdNoDq) {
+    } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
-    for (int r = 0; r < 32; r += 2) {
-      const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-      const int col = 8 * (r >> 2) + 2 * (lane % 4);
-      atomicAdd(reinterpret_cast<float2*>(dq_rows + row * kHeadDim + col), make_float2(acc_dq[r], acc_dq[r + 1]));
+      for (int r = 0; r < 32; r += 2) {
+        const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+        const int col = 8 * (r >> 2) + 2 * (lane % 4);
+        atomicAdd(reinterpret_cast<float2*>(dq_block + row * 64 + col), make_float2(acc_dq[r], acc_dq[r + 1]));
+      }
+    } else {
+      // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
+      // buffer written now was last read by the reduction of step it - 2.
+      float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
+      if (t == 0) ptx::bulk_wait_read<1>();
+      ptx::named_bar_sync(1 + g, 128);
+#pragma unroll
+      for (int r = 0; r < 32; r += 2) {
+        const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+        const int col = 8 * (r >> 2) + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(stage_dq + row * 64 + col) = make_float2(acc_dq[r], acc_dq[r + 1]);
+      }
+      ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
+      ptx::named_bar_sync(1 + g, 128);
+      if (t == 0) {
+        ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
+        ptx::tma_store_commit();
+      }
     }
   }
+  if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 
   // Epilogue: dV and scale·dK straight from the accumulators to the caller's tensors.
   using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;

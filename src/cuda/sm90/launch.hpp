@@ -23,7 +23,9 @@ struct BwdArgs {
   CUtensorMap tm_q, tm_k, tm_v, tm_do;  // 5-D maps as in FwdArgs
   const float* lse_log2;  // LSE·log2(e); +inf for rows that see no key and for padding rows (P = 0)
   const float* dsum;      // D_i = rowsum(dO_i ∘ O_i); 0 for padding rows
-  float* dq_accum;        // Σ dS·K over key tiles, zeroed before the kernel; scaled and cast after
+  float* dq_accum;        // Σ dS·K over key tiles, fp32, zeroed before the kernel; scaled and cast
+                          // after. Tiled: (batch, heads, m_blocks, D/64) blocks of 64 × 64, each
+                          // block contiguous so one bulk reduction adds it (kernel_bwd.cuh)
   void* dk;               // caller's dK, dV: (batch, seqlen_k, heads_kv, D), element strides below
   void* dv;
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
@@ -32,6 +34,16 @@ struct BwdArgs {
   int m_blocks, m_pad;                   // query tiles per (batch, head); m_blocks · kBlockM
   float scale_log2;                      // scale · log2(e)
   float scale;
+  int flags;                             // BwdFlags
+};
+
+// Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in sm90.cu;
+// FLASHATTN_SM90_BWD_FLAGS overrides them for measurements (docs/perf-log.md). kBwdNoDq drops work
+// and gives a wrong dQ: it exists only to time what accumulating dQ costs.
+enum BwdFlags : int {
+  kBwdPingPong = 1,  // the two consumer warpgroups take turns issuing their GEMMs (d64)
+  kBwdAtomicDq = 2,  // dQ added by per-thread fp32 vector atomics instead of one bulk reduction
+  kBwdNoDq = 4,      // experiment: dQ computed but never added
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

@@ -63,6 +63,20 @@ __device__ __forceinline__ void bulk_load(void* sdst, const void* gsrc, uint32_t
       "l"(gsrc), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
+// instruction instead of one atomic per element pair); completes as a bulk group (commit below).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, const float* ssrc, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gdst),
+               "r"(smem_addr(ssrc)), "r"(bytes)
+               : "memory");
+}
+// Waits until at most kPending committed bulk groups still read their smem sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until every committed bulk group has completed (writes included).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // 5-D box store from smem; out-of-bounds rows of the box are not written (partial tiles).
 __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* ssrc, int c0, int c1,
                                              int c2, int c3, int c4) {

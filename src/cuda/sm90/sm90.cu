@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -143,6 +144,16 @@ cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, int n_blocks, cu
                   : launch_bwd<kHeadDim, kF16, false>(a, n_blocks, int(p.heads_kv), int(p.batch), s);
 }
 
+// BwdFlags for head dim d: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS.
+int bwd_flags(int d) {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_BWD_FLAGS");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  if (forced >= 0) return forced;
+  return d == 64 ? kBwdPingPong : 0;
+}
+
 bool dk_dv_ok(const detail::TensorRef& t) {  // 4-byte stores of element pairs
   return (reinterpret_cast<uintptr_t>(t.data) & 3) == 0 && t.row_stride % 2 == 0 && t.head_stride % 2 == 0 &&
          t.batch_stride % 2 == 0;
@@ -215,6 +226,7 @@ void backward(const detail::Params& p) {
   a.m_blocks = m_blocks, a.m_pad = m_pad;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
+  a.flags = bwd_flags(d);
   cudaError_t e = d == 64 ? (f16 ? launch_b<64, true>(a, p, n_blocks, s) : launch_b<64, false>(a, p, n_blocks, s))
                           : (f16 ? launch_b<128, true>(a, p, n_blocks, s) : launch_b<128, false>(a, p, n_blocks, s));
   if (e != cudaSuccess) fail("backward kernel launch", e);
@@ -223,7 +235,7 @@ void backward(const detail::Params& p) {
   ca.dq_accum = dq_accum.as<float>();
   ca.dq = p.dq.data;
   ca.dq_batch = p.dq.batch_stride, ca.dq_row = p.dq.row_stride, ca.dq_head = p.dq.head_stride;
-  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_pad = m_pad, ca.head_dim = d;
+  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_blocks, ca.head_dim = d;
   ca.scale = p.scale;
   ca.pairs = p.batch * p.heads * p.seqlen_q * static_cast<long long>(d / 2);
   const unsigned conv_blocks = unsigned((ca.pairs + 255) / 256);

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Times the Hopper backward kernel's variants (FLASHATTN_SM90_BWD_FLAGS, src/cuda/sm90/launch.hpp)
+on the FlashAttention grid's shapes, one process per variant, bf16, TFLOP/s (2.5 x forward FLOPs).
+
+    python3 bench/bwd_variants.py --lib build-gpu/libflashattn_torch_shim.so --flags 0,1,2,3 \
+        --dims 64,128 --seqlens 512,2048,8192
+
+Variants that drop work (flag 4: no dQ atomics) give wrong gradients on purpose: they only show
+what the dropped part costs. The comparison with PyTorch lives in compare_torch.py --bench.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+
+def child(lib_path, dims, seqlens, reps):
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare_torch import Lib, median_ms
+
+    lib = Lib(lib_path)
+    for d in dims:
+        for causal in (False, True):
+            for n in seqlens:
+                b, h = 16384 // n, 2048 // d
+                q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+                k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
+                o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+                lib.forward(q, k, v, o, l, causal=causal)
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+                ms = median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), reps)
+                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                print(f"d{d} {'causal' if causal else 'full'} N={n}: {flops / ms / 1e9:.1f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--flags", default="0,1,2,3")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--seqlens", default="512,2048,8192")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    dims = [int(x) for x in a.dims.split(",")]
+    seqlens = [int(x) for x in a.seqlens.split(",")]
+    if a.child:
+        child(a.lib, dims, seqlens, a.reps)
+        return
+    table = {}
+    for f in a.flags.split(","):
+        env = dict(os.environ, FLASHATTN_SM90_BWD_FLAGS=f)
+        r = subprocess.run([sys.executable, __file__, "--child", "--lib", a.lib, "--dims", a.dims, "--seqlens",
+                            a.seqlens, "--reps", str(a.reps)], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"flags {f}: FAILED\n{r.stderr[-2000:]}", flush=True)
+            continue
+        for line in r.stdout.splitlines():
+            key, val = line.rsplit(":", 1)
+            table.setdefault(key, {})[f] = float(val)
+    flags = a.flags.split(",")
+    print("backward TFLOP/s by FLASHATTN_SM90_BWD_FLAGS")
+    print(f"{'config':22s}" + "".join(f"{'flags ' + f:>10s}" for f in flags))
+    for key, row in table.items():
+        print(f"{key:22s}" + "".join(f"{row.get(f, float('nan')):10.1f}" for f in flags))
+
+
+if __name__ == "__main__":
+    main()

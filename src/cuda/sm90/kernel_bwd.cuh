@@ -2,9 +2,9 @@
 //
 // One CTA per (key tile of kBlockN = 128 keys, KV head, batch); it loops over the query tiles of
 // every query head of the GQA group, so dK and dV stay in registers and need no reduction.
-//   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q, dO, LSE and D
-//                           of each query tile into a 2-stage ring (TMA; plain bulk copies for the
-//                           two fp32 vectors).
+//   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q and dO of each
+//                           query tile into a 2-stage ring (TMA). The consumers read the per-query
+//                           LSE and D (fp32, precomputed) straight from global memory.
 //   warpgroups 1, 2 (consumers): 64 keys each. Per query tile, everything transposed so that the
 //                           probabilities come out of the accumulator in the layout the next GEMM
 //                           takes as its register A operand (hopper-sm90.md §1.4):
@@ -44,10 +44,8 @@ struct Smem {
   uint8_t* dO;
   uint8_t* ds;  // buffer b at + b·kDSBytes
   float* dq_stage;  // warpgroup g, buffer b at + (2g + b)·64·64
-  float* lse;   // stage s at + s·kBlockM
-  float* dsum;
   uint64_t* full_kv;
-  uint64_t* full;   // [kStages]: Q, dO, LSE, D of one query tile
+  uint64_t* full;   // [kStages]: Q and dO of one query tile
   uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
 
   __device__ static Smem carve(uint8_t* raw) {
@@ -59,9 +57,7 @@ struct Smem {
     s.dO = s.q + Tile::kStages * Tile::kQBytes;
     s.ds = s.dO + Tile::kStages * Tile::kQBytes;
     s.dq_stage = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
-    s.lse = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s.dq_stage) + 4 * Tile::kDqStageBytes);
-    s.dsum = s.lse + Tile::kStages * Tile::kBlockM;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(s.dsum + Tile::kStages * Tile::kBlockM);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s.dq_stage) + 4 * Tile::kDqStageBytes);
     s.full_kv = bars;
     s.full = bars + 1;
     s.empty = s.full + Tile::kStages;
@@ -131,12 +127,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         const int m = m_begin + it % m_count;
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes + 2 * Tile::kStatBytes);
+        ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
         ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
         ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
-        const long long row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
-        ptx::bulk_load(sm.lse + stage * kBlockM, a.lse_log2 + row, Tile::kStatBytes, sm.full + stage);
-        ptx::bulk_load(sm.dsum + stage * kBlockM, a.dsum + row, Tile::kStatBytes, sm.full + stage);
       }
     }
     return;
@@ -205,18 +198,24 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     ptx::wgmma_commit();
     turn_end();
 
+    // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
+    // consumers read them with plain loads, so they never travel through the TMA-written stages.
+    const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
+    float2 lse2[kBlockM / 8], dsum2[kBlockM / 8];
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+      lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + stat_row + 8 * j + 2 * (lane % 4)));
+
     // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
     ptx::wgmma_wait<1>();
     ptx::fence_operand(acc_s);
-    const float* lse = sm.lse + stage * kBlockM;
-    const float* dsum = sm.dsum + stage * kBlockM;
     const int q0 = m * kBlockM;
     const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
                            (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const int col = 8 * j + 2 * (lane % 4);
-      const float2 l2 = *reinterpret_cast<const float2*>(lse + col);
+      const float2 l2 = lse2[j];
 #pragma unroll
       for (int r = 4 * j; r < 4 * j + 4; ++r) {
         const float row_lse = (r & 1) ? l2.y : l2.x;
@@ -229,6 +228,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         acc_s[r] = p;
       }
     }
+    // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+      dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
     uint32_t p_a[kMSteps][4];
 #pragma unroll
     for (int s = 0; s < kMSteps; ++s)
@@ -255,8 +258,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     ptx::fence_operand(acc_dp);
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      const float2 d2 = *reinterpret_cast<const float2*>(dsum + col);
+      const float2 d2 = dsum2[j];
 #pragma unroll
       for (int r = 4 * j; r < 4 * j + 4; ++r) acc_dp[r] = acc_s[r] * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
     }
@@ -313,9 +315,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     ptx::fence_operand(acc_dk);
     ptx::fence_operand(p_a);
     ptx::fence_operand(ds_a);
-    // Every thread of the warpgroup is past its reads of this stage (LSE and D with plain loads):
-    // release it to the producer.
-    ptx::named_bar_sync(1 + g, 128);
+    // Every GEMM of this warpgroup that read the stage has completed: release it to the producer.
     if (t == 0) ptx::mbar_arrive(sm.empty + stage);
 
     // dQ_accum's 64 × 64 block (rows of this query tile, head-dim chunk) += acc_dq.

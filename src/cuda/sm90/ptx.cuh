@@ -54,15 +54,6 @@ __device__ __forceinline__ void tma_load_5d(void* sdst, const CUtensorMap* map, 
       "r"(c4)
       : "memory");
 }
-// Plain (non-tensor) bulk copy of `bytes` contiguous bytes into smem, completing on bar. Source and
-// destination 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void bulk_load(void* sdst, const void* gsrc, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(sdst)),
-      "l"(gsrc), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
 // dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
 // instruction instead of one atomic per element pair); completes as a bulk group (commit below).
 __device__ __forceinline__ void bulk_reduce_add_f32(float* gdst, const float* ssrc, uint32_t bytes) {

@@ -55,9 +55,9 @@ struct FwdTile {
 //   wgmmas and spill at 240 registers.)
 //   smem: K, V kBlockN·D·2 each; Q, dO kBlockM·D·2 each per stage (2 stages); dSᵀ kBlockN·kBlockM·2
 //   double-buffered; the fp32 dQ block of each warpgroup (64×64) double-buffered for the bulk
-//   reduce; LSE and D kBlockM·4 per stage.
+//   reduce.
 //   d64 : 16 + 16 + 2·(8 + 8) + 2·16 + 4·16 KiB = 160 KiB;
-//   d128: 32 + 32 + 2·(16 + 16) + 2·16 + 4·16 KiB = 224 KiB (+1 KiB statistics; cap 227 KiB).
+//   d128: 32 + 32 + 2·(16 + 16) + 2·16 + 4·16 KiB = 224 KiB (cap 227 KiB).
 template <int kHeadDim>
 struct BwdTile {
   static constexpr int kBlockM = 64;   // queries per step
@@ -70,10 +70,9 @@ struct BwdTile {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or one dO stage
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one dSᵀ buffer
-  static constexpr int kStatBytes = kBlockM * 4;          // one LSE or D stage
   static constexpr int kDqStageBytes = 64 * 64 * 4;       // one warpgroup's fp32 dQ block, staged for the bulk reduce
   static constexpr int kSmemBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDSBytes + 4 * kDqStageBytes + 2 * kStages * kStatBytes;
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDSBytes + 4 * kDqStageBytes;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "backward head_dim 64 or 128");
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };

@@ -132,6 +132,11 @@ TEST(TrafficModel, AnchorCaseF16) {
   EXPECT_EQ(forward_traffic(c, Algorithm::standard).read - compulsory_forward(c).read, (4.0 + 2) * 32 * 8192.0 * 8192);
   EXPECT_EQ(backward_traffic(c, Algorithm::standard).write - compulsory_backward(c).write,
             (4.0 + 2 + 4 + 2) * 32 * 8192.0 * 8192);
+  // CUDA flash backward: D (fp32, written + read) and the fp32 dQ accumulator (zeroed, read by the cast).
+  EXPECT_EQ(backward_traffic(c, Algorithm::flash).write - compulsory_backward(c).write,
+            4.0 * 32 * 8192 + 4.0 * 8192 * 32 * 128);
+  EXPECT_EQ(backward_traffic(c, Algorithm::flash).read - compulsory_backward(c).read,
+            4.0 * 32 * 8192 + 4.0 * 8192 * 32 * 128);
   c.causal = true;  // the mask changes no compulsory byte
   EXPECT_EQ(compulsory_forward(c).read, 201326592.0);
 }

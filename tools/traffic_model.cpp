@@ -43,6 +43,12 @@ Traffic backward_traffic(const Config& c, Algorithm a) {
     // D = rowsum(dO ∘ O), fp32: written once by a pre-pass, read once by the main pass.
     t.write += 4 * lse_elems(c);
     t.read += 4 * lse_elems(c);
+    // CUDA (the Hopper kernel): dQ is summed over key tiles in an fp32 accumulator, zeroed by the
+    // pre-pass and read once by the final cast. The partial sums are assumed to meet in L2.
+    if (c.device == Device::cuda) {
+      t.write += 4 * q_elems(c);
+      t.read += 4 * q_elems(c);
+    }
   } else {
     // Recomputed S (write, read), P (write; read by dV = PᵀdO and by dS), dP (write, read),
     // dS (write; read by dQ = dS K and dK = dSᵀQ). D = rowsum(P ∘ dP) is formed inside the dS pass.

@@ -1,6 +1,8 @@
 // The two small kernels around the Hopper backward kernel (kernel_bwd.cuh):
 //   bwd_prep:    per query row of the padded (batch, heads, m_pad) grid, D = rowsum(dO ∘ O) and
-//                LSE·log2(e) (+inf where the row saw no key, and for padding rows, so P = 0 there)
+//                LSE·log2(e) (+inf where the row saw no key, and for padding rows, so P = 0 there);
+//                zeroes the row's fp32 dQ accumulator (a kernel rather than a memset: one pass
+//                fewer, and profilers that count kernels only see every byte of the call)
 //   dq_convert:  dQ = scale · dQ_accum, cast to the input dtype, into the caller's strides
 // Both are memory-bound passes over O(N·D) data.
 #pragma once
@@ -22,6 +24,7 @@ struct PrepArgs {
   long long lse_batch, lse_head, lse_row;
   float* lse_log2;  // (batch, heads, m_pad)
   float* dsum;
+  float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64), see launch.hpp
   int heads, seqlen_q, m_pad, head_dim;
   long long rows;  // batch · heads · m_pad
 };
@@ -48,6 +51,10 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
     a.dsum[row] = d;
     a.lse_log2[row] = l2;
   }
+  // Row i of every 64 × 64 block of this query tile: 64 contiguous floats per head-dim chunk.
+  const long long block0 = (bh * (a.m_pad / 64) + i / 64) * (a.head_dim / 64);
+  for (int c = 0; c < a.head_dim / 64; ++c)
+    reinterpret_cast<float2*>(a.dq_accum + (block0 + c) * 4096 + (i % 64) * 64)[lane] = make_float2(0.f, 0.f);
 }
 
 struct ConvertArgs {

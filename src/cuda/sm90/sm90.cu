@@ -201,9 +201,9 @@ void backward(const detail::Params& p) {
   pa.lse_batch = p.lse.batch_stride, pa.lse_head = p.lse.head_stride, pa.lse_row = p.lse.row_stride;
   pa.lse_log2 = stats.as<float>();
   pa.dsum = stats.as<float>() + rows;
+  pa.dq_accum = dq_accum.as<float>();
   pa.heads = int(p.heads), pa.seqlen_q = int(p.seqlen_q), pa.m_pad = m_pad, pa.head_dim = d;
   pa.rows = rows;
-  check_cuda(cudaMemsetAsync(dq_accum.as<float>(), 0, size_t(rows) * d * sizeof(float), s), "cudaMemsetAsync (dQ accumulator)");
   const unsigned prep_blocks = unsigned((rows + 7) / 8);
   if (f16) bwd_prep_kernel<__half><<<prep_blocks, 256, 0, s>>>(pa);
   else bwd_prep_kernel<__nv_bfloat16><<<prep_blocks, 256, 0, s>>>(pa);

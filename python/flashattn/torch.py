@@ -6,7 +6,8 @@
 
 Ops (``torch.ops.flashattn.*``): ``forward`` -> (out, lse) and ``backward`` -> (dq, dk, dv); both
 are opaque to torch.compile (no graph breaks with fullgraph=True) and run on the CPU and on CUDA
-(on PyTorch's current stream). dtypes float16, bfloat16, float32; accumulation is fp32.
+(on PyTorch's current stream). dtypes float16 and bfloat16 everywhere, float32 on the CPU (and with
+algorithm="standard" on CUDA: the CUDA flash kernels are 16-bit only); accumulation is fp32.
 """
 from __future__ import annotations
 

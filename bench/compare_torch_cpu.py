@@ -6,7 +6,12 @@ backward; at each thread count given. FLOPs: forward 4·B·H·N²·d (half for c
 Our numbers come from `flashattn bench --json` run with OMP_NUM_THREADS; PyTorch's from
 scaled_dot_product_attention under SDPBackend.FLASH_ATTENTION with torch.set_num_threads.
 
-usage: compare_torch_cpu.py --flashattn build/tools/flashattn --threads 2 16 [--seqlen 4096]
+usage: compare_torch_cpu.py --flashattn build/tools/flashattn --threads 2 16 [--seqlen 4096] [--bind both]
+
+Our program runs unbound (as PyTorch does) and, with --bind close/both, also with
+OMP_PROC_BIND=close OMP_PLACES=cores; the places libgomp made are printed (OMP_DISPLAY_ENV), since
+on a VM the "cores" it sees decide how many threads share one. (Session 2 measured 16 threads
+giving only ~2x the 2-thread rate, bound: docs/perf-log.md.)
 """
 import argparse
 import json
@@ -50,14 +55,20 @@ def torch_rates(threads, n, d, causal, heads, reps):
     return flops / tf / 1e9, 2.5 * flops / max(tfb - tf, 1e-9) / 1e9
 
 
-def ours(binary, threads, n, heads, reps):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="close", OMP_PLACES="cores")
-    out = subprocess.run([binary, "bench", "--device", "cpu", "--dtype", "f32", "-N", str(n), "-d", "64", "128",
-                          "--heads", str(heads), "--causal", "both", "--backward", "--check-rows", "2",
-                          "--reps", str(reps), "--json"], env=env, check=True, capture_output=True, text=True).stdout
-    rows = json.loads(out)
-    return {(r["head_dim"], r["causal"]): (r["fwd_flops_per_s"] / 1e9, r["bwd_flops_per_s"] / 1e9, r.get("ok", True))
-            for r in rows}
+def ours(binary, threads, n, heads, reps, bind):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_DISPLAY_ENV="verbose")
+    env.pop("OMP_PROC_BIND", None)
+    env.pop("OMP_PLACES", None)
+    if bind:
+        env.update(OMP_PROC_BIND="close", OMP_PLACES="cores")
+    r = subprocess.run([binary, "bench", "--device", "cpu", "--dtype", "f32", "-N", str(n), "-d", "64", "128",
+                        "--heads", str(heads), "--causal", "both", "--backward", "--check-rows", "2",
+                        "--reps", str(reps), "--json"], env=env, check=True, capture_output=True, text=True)
+    places = [ln.strip() for ln in r.stderr.splitlines() if "OMP_PLACES" in ln or "OMP_PROC_BIND" in ln]
+    print(f"# ours, {threads} threads, {'bound' if bind else 'unbound'}: {'; '.join(places)[:300]}", flush=True)
+    rows = json.loads(r.stdout)
+    return {(r_["head_dim"], r_["causal"]): (r_["fwd_flops_per_s"] / 1e9, r_["bwd_flops_per_s"] / 1e9, r_.get("ok", True))
+            for r_ in rows}
 
 
 def main():
@@ -67,16 +78,21 @@ def main():
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--bind", choices=["none", "close", "both"], default="both")
     a = ap.parse_args()
-    print("threads d causal | ours fwd GFLOP/s torch fwd ratio | ours bwd torch bwd ratio | check")
+    print(f"# cpus: {os.cpu_count()}, sched affinity: {len(os.sched_getaffinity(0))}", flush=True)
+    binds = {"none": [False], "close": [True], "both": [False, True]}[a.bind]
+    print("threads bind  d causal | ours fwd GFLOP/s torch fwd ratio | ours bwd torch bwd ratio | check")
     for t in a.threads:
-        mine = ours(a.flashattn, t, a.seqlen, a.heads, a.reps)
+        mine = {b: ours(a.flashattn, t, a.seqlen, a.heads, a.reps, b) for b in binds}
         for d in (64, 128):
             for causal in (False, True):
                 tf, tb = torch_rates(t, a.seqlen, d, causal, a.heads, a.reps)
-                of, ob, ok = mine[(d, causal)]
-                print(f"{t:7d} {d:3d} {'yes' if causal else 'no':>6} | {of:8.1f} {tf:8.1f} {of / tf:5.2f}x | "
-                      f"{ob:8.1f} {tb:8.1f} {ob / tb:5.2f}x | {'ok' if ok else 'FAIL'}", flush=True)
+                for b in binds:
+                    of, ob, ok = mine[b][(d, causal)]
+                    print(f"{t:7d} {'close' if b else 'none':5s} {d:3d} {'yes' if causal else 'no':>6} | {of:8.1f} "
+                          f"{tf:8.1f} {of / tf:5.2f}x | {ob:8.1f} {tb:8.1f} {ob / tb:5.2f}x | {'ok' if ok else 'FAIL'}",
+                          flush=True)
 
 
 if __name__ == "__main__":

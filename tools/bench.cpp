@@ -1,9 +1,11 @@
-// flashattn bench: one line per configuration, FLOP/s by the standard formula, optional
+// flashattn bench: one line per configuration, FLOP/s by the standard formula, the peak extra
+// memory of each call (the library's counted scratch: host for the CPU, device for CUDA), optional
 // check against the float64 reference on sampled rows, --json for machines.
 #include <cmath>
 #include <cstdio>
 
 #include "commands.hpp"
+#include "core/scratch.hpp"
 
 namespace flashattn::tools {
 
@@ -20,6 +22,15 @@ int run_bench(const BenchArgs& a) {
   const uint64_t seed = fresh_seed();
   const double unit = device == Device::cpu ? 1e9 : 1e12;
   const char* unit_name = device == Device::cpu ? "GFLOP/s" : "TFLOP/s";
+  detail::ScratchCounter& scratch =
+      device == Device::cpu ? detail::host_scratch_counter() : detail::device_scratch_counter();
+  // Peak scratch above what was held before, over every timed call of fn.
+  auto peak_extra = [&](auto&& fn) {
+    detail::reset_scratch_peak(scratch);
+    const int64_t before = scratch.current.load();
+    fn();
+    return double(detail::scratch_peak(scratch) - before);
+  };
   if (a.json) std::printf("[\n");
   bool first = true, ok = true;
   for (const std::string& dt : a.dtypes)
@@ -41,34 +52,42 @@ int run_bench(const BenchArgs& a) {
             Options opt;
             opt.causal = causal;
             opt.algorithm = alg;
-            const double fwd_ms =
-                time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, a.reps, 200);
+            double fwd_ms = NAN;
+            const double fwd_extra = peak_extra([&] {
+              fwd_ms = time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, a.reps, 200);
+            });
             double err = NAN;
             if (a.check_rows > 0) err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
             const double tol = sampled_error_bound(c.dtype);
             const bool pass = a.check_rows == 0 || err <= tol;
             ok = ok && pass;
-            double bwd_ms = NAN;
+            double bwd_ms = NAN, bwd_extra = NAN;
             if (a.backward)
-              bwd_ms = time_ms(device, [&] {
-                backward(pb.tq, pb.tk, pb.tv, pb.tout, pb.tdout, pb.tlse, pb.tdq, pb.tdk, pb.tdv, opt);
-              }, 1, a.reps, 200);
+              bwd_extra = peak_extra([&] {
+                bwd_ms = time_ms(device, [&] {
+                  backward(pb.tq, pb.tk, pb.tv, pb.tout, pb.tdout, pb.tlse, pb.tdq, pb.tdk, pb.tdv, opt);
+                }, 1, a.reps, 200);
+              });
             const double fwd_rate = forward_flops(c) / (fwd_ms * 1e-3) / unit;
             const double bwd_rate = backward_flops(c) / (bwd_ms * 1e-3) / unit;
             if (a.json) {
               std::printf("%s  {\"device\":\"%s\",\"algorithm\":\"%s\",\"dtype\":\"%s\",\"batch\":%lld,\"heads\":%lld,"
                           "\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,\"head_dim\":%lld,\"causal\":%s,"
-                          "\"fwd_ms\":%.6g,\"fwd_flops_per_s\":%.6g",
+                          "\"fwd_ms\":%.6g,\"fwd_flops_per_s\":%.6g,\"fwd_extra_bytes\":%.0f",
                           first ? "" : ",\n", to_string(device), to_string(alg), to_string(c.dtype), (long long)c.batch,
                           (long long)c.heads, (long long)c.heads_kv, (long long)c.seqlen_q, (long long)c.seqlen_k,
-                          (long long)d, causal ? "true" : "false", fwd_ms, fwd_rate * unit);
-              if (a.backward) std::printf(",\"bwd_ms\":%.6g,\"bwd_flops_per_s\":%.6g", bwd_ms, bwd_rate * unit);
+                          (long long)d, causal ? "true" : "false", fwd_ms, fwd_rate * unit, fwd_extra);
+              if (a.backward)
+                std::printf(",\"bwd_ms\":%.6g,\"bwd_flops_per_s\":%.6g,\"bwd_extra_bytes\":%.0f", bwd_ms,
+                            bwd_rate * unit, bwd_extra);
               if (a.check_rows > 0) std::printf(",\"max_err\":%.3g,\"ok\":%s", err, pass ? "true" : "false");
               std::printf("}");
               first = false;
             } else {
-              std::printf("%-8s %s: fwd %.3f ms %.1f %s", to_string(alg), c.label().c_str(), fwd_ms, fwd_rate, unit_name);
-              if (a.backward) std::printf(" | bwd %.3f ms %.1f %s", bwd_ms, bwd_rate, unit_name);
+              std::printf("%-8s %s: fwd %.3f ms %.1f %s extra %s", to_string(alg), c.label().c_str(), fwd_ms, fwd_rate,
+                          unit_name, human_bytes(fwd_extra).c_str());
+              if (a.backward)
+                std::printf(" | bwd %.3f ms %.1f %s extra %s", bwd_ms, bwd_rate, unit_name, human_bytes(bwd_extra).c_str());
               if (a.check_rows > 0) std::printf(" max_err %.1e [%s]", err, pass ? "ok" : "FAIL");
               std::printf("\n");
             }

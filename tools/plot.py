@@ -8,6 +8,8 @@
 traffic.json -> bytes_moved.png  (bytes moved vs N, standard vs flash, forward and backward, log scale)
 bench.json   -> throughput.png   (FLOP/s vs N per head_dim and causal, one line per algorithm
                                   and, for rows carrying "backend", per peer backend)
+                peak_memory.png  (the library's peak extra memory per call vs N, standard vs flash,
+                                  forward and backward, log scale; from "fwd_extra_bytes")
 compare.json -> throughput.png   (the same from bench/compare_torch.py --json: ours, PyTorch's
                                   FlashAttention-2 and cuDNN backends, measured in one run)
 """
@@ -30,6 +32,34 @@ def plot_traffic(rows, out):
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("bytes moved through main memory (GB)")
     ax.set_title("One attention call: standard grows as N², flash as N")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print("wrote", out)
+
+
+def plot_memory(rows, out):
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "fwd_extra_bytes" in r]
+    d, causal = min((r["head_dim"], r["causal"]) for r in rows)  # one configuration per plot
+    sel = [r for r in rows if r["head_dim"] == d and r["causal"] == causal]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for alg, color in (("standard", "tab:red"), ("flash", "tab:blue")):
+        for pass_, style in (("fwd", "-"), ("bwd", "--")):
+            pts = sorted((r["seqlen_q"], r[f"{pass_}_extra_bytes"]) for r in sel
+                         if r["algorithm"] == alg and f"{pass_}_extra_bytes" in r)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], style, color=color, marker="o",
+                        label=f"{alg} {'forward' if pass_ == 'fwd' else 'backward'}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("peak extra memory of one call (MB)")
+    r0 = sel[0]
+    ax.set_title(f"{r0['device']} {r0['dtype']} B={r0['batch']} H={r0['heads']} d={d}"
+                 f"{' causal' if causal else ''}: standard grows as N², flash at most as N")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -77,7 +107,10 @@ def main():
     if a.traffic:
         plot_traffic(json.load(open(a.traffic)), os.path.join(a.out, "bytes_moved.png"))
     if a.bench:
-        plot_bench(json.load(open(a.bench)), os.path.join(a.out, "throughput.png"))
+        rows = json.load(open(a.bench))
+        plot_bench(rows, os.path.join(a.out, "throughput.png"))
+        if any("fwd_extra_bytes" in r for r in rows):
+            plot_memory(rows, os.path.join(a.out, "peak_memory.png"))
     if a.compare:
         rows = []
         for r in json.load(open(a.compare)):

@@ -64,6 +64,9 @@ def ours(binary, threads, n, heads, reps, bind):
     r = subprocess.run([binary, "bench", "--device", "cpu", "--dtype", "f32", "-N", str(n), "-d", "64", "128",
                         "--heads", str(heads), "--causal", "both", "--backward", "--check-rows", "2",
                         "--reps", str(reps), "--json"], env=env, check=True, capture_output=True, text=True)
+    info = [ln.strip() for ln in r.stderr.splitlines() if ln.startswith("flashattn: cpu backend")]
+    if info:
+        print(f"# {info[0][:400]}", flush=True)
     places = [ln.strip() for ln in r.stderr.splitlines() if "OMP_PLACES" in ln or "OMP_PROC_BIND" in ln]
     print(f"# ours, {threads} threads, {'bound' if bind else 'unbound'}: {'; '.join(places)[:300]}", flush=True)
     rows = json.loads(r.stdout)

@@ -19,6 +19,8 @@ int run_bench(const BenchArgs& a) {
   if (a.algorithm == "flash" || a.algorithm == "both") algs.push_back(Algorithm::flash);
   if (a.algorithm == "standard" || a.algorithm == "both") algs.push_back(Algorithm::standard);
   if (algs.empty()) throw Error("flashattn bench: --algorithm: expected flash, standard or both, got " + a.algorithm);
+  // What ran: on stderr, so that --json output stays one JSON document.
+  std::fprintf(stderr, "%s\n", build_info().c_str());
   const uint64_t seed = fresh_seed();
   const double unit = device == Device::cpu ? 1e9 : 1e12;
   const char* unit_name = device == Device::cpu ? "GFLOP/s" : "TFLOP/s";

@@ -11,6 +11,7 @@ void flash_forward(const detail::Params& p);
 void flash_backward(const detail::Params& p);
 void standard_forward(const detail::Params& p);
 void standard_backward(const detail::Params& p);
+std::string info();  // tile-kernel table, OpenBLAS build and core, OpenMP threads
 }  // namespace flashattn::cpu
 
 namespace flashattn::cuda {

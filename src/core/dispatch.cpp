@@ -51,7 +51,7 @@ bool cuda_available() {
 
 std::string build_info() {
   std::ostringstream os;
-  os << "flashattn: cpu backend";
+  os << "flashattn: cpu backend (" << cpu::info() << ")";
 #if defined(FLASHATTN_WITH_CUDA)
   os << "; " << cuda::info();
 #else

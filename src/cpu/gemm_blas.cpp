@@ -11,10 +11,15 @@
 // is then in the RUNPATH of what links it). openblas_get_parallel() tells which one is loaded.
 #include <cblas.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "core/backend.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/tile_kernels.hpp"
 
 namespace flashattn::cpu {
@@ -32,6 +37,16 @@ void guard_blas_threads() {
   (void)once;
 }
 }  // namespace
+
+std::string info() { return std::string("tile kernels ") + isa_name() + "; " + blas_info(); }
+
+std::string blas_info() {
+  std::string config = openblas_get_config();
+  while (!config.empty() && config.back() == ' ') config.pop_back();
+  return config + ", core " + openblas_get_corename() +
+         (openblas_get_parallel() == 2 ? " (OpenMP build)" : openblas_get_parallel() == 1 ? " (pthread build)" : " (serial build)") +
+         ", " + std::to_string(omp_get_max_threads()) + " OpenMP threads";
+}
 
 void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
                int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate) {

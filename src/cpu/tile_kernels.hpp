@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "flashattn/flashattn.hpp"
 
@@ -61,6 +62,10 @@ struct TileKernels {
   // ds[j] = p[j] * (dp[j] - d) * (t ? 1 - t[j]² : 1). ds may alias dp.
   void (*dsoftmax)(const float* p, const float* dp, float d, const float* t, int n, float* ds);
 };
+
+// The OpenBLAS the process loaded: its build string, the core kernel set it chose at run time,
+// pthread/OpenMP build, and this process's OpenMP thread count (for `flashattn bench` and reports).
+std::string blas_info();
 
 // TileKernels::gemm through cblas_sgemm (gemm_blas.cpp); used by the SIMD tables.
 void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,

@@ -207,6 +207,40 @@ def test_default_scale_and_explicit_scale_agree():
     np.testing.assert_array_equal(flashattn.attention(q, k, v), flashattn.attention(q, k, v, scale=np.float32(1 / 8)))
 
 
+class DLPackOnly:
+    """An array that is neither NumPy's nor PyTorch's: DLPack export and the array-API namespace
+    only (what CuPy and JAX arrays offer), backed by a NumPy buffer."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+    def __array_namespace__(self, api_version=None):
+        return np
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    device = property(lambda self: "cpu")
+    ndim = property(lambda self: self._a.ndim)
+
+
+def test_dlpack_only_arrays_zero_copy():
+    """Inputs and caller-provided outputs that reach the core through DLPack alone."""
+    rng = np.random.default_rng(11)
+    q, k, v = make((1, 19, 4, 32), np.float32, rng), make((1, 23, 2, 32), np.float32, rng), make((1, 23, 2, 32), np.float32, rng)
+    want = flashattn.attention(q, k, v, causal=True)
+    got = flashattn.attention(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v), causal=True)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    buf = np.full(q.shape, np.nan, np.float32)
+    flashattn.attention(DLPackOnly(q), DLPackOnly(k), DLPackOnly(v), causal=True, out=DLPackOnly(buf))
+    np.testing.assert_array_equal(buf, want)  # written in place through the DLPack view
+
+
 def test_module_info():
     assert isinstance(flashattn.__version__, str) and flashattn.__version__
     assert "cpu" in flashattn.build_info()

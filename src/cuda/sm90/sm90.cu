@@ -1,5 +1,5 @@
-// Dispatch of the Hopper kernels: what they support, tensor-map encoding, the backward's scratch
-// and small kernels, and the choice of explicit instantiation (src/cuda/inst/sm90_{fwd,bwd}_*.cu).
+// Dispatch of the Hopper forward kernel (what it supports, the choice of explicit instantiation in
+// src/cuda/inst/sm90_fwd_*.cu) and the host helpers both Hopper kernels share (host.hpp).
 #include "cuda/sm90/sm90.hpp"
 
 #include <cuda.h>
@@ -7,21 +7,15 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
-#include "cuda/common/runtime.hpp"
-#include "cuda/sm90/bwd_prep.cuh"
+#include "cuda/sm90/host.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/tile_size.hpp"
 
 namespace flashattn::cuda::sm90 {
 namespace {
-
-[[noreturn]] void fail(const std::string& what, cudaError_t e) {
-  throw Error("flashattn sm90: " + what + ": " + cudaGetErrorString(e));
-}
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda needed), §3.1.
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -37,6 +31,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   });
   if (!fn) throw Error("flashattn sm90: cuTensorMapEncodeTiled is not available from the driver");
   return fn;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+}  // namespace
+
+[[noreturn]] void fail(const std::string& what, cudaError_t e) {
+  throw Error("flashattn sm90: " + what + ": " + cudaGetErrorString(e));
 }
 
 // A (batch, rows, heads, D) 16-bit tensor as a 5-D TMA map (64, rows, D/64, heads, batch): dim 0 is
@@ -71,12 +73,12 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 bool strides_ok(const detail::TensorRef& t) {  // TMA: global strides multiple of 16 B
   return aligned16(t.data) && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 && t.batch_stride % 8 == 0 &&
          t.row_stride >= 0 && t.head_stride >= 0 && t.batch_stride >= 0;
 }
 
+namespace {
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
@@ -131,117 +133,6 @@ void forward(const detail::Params& p) {
     default: e = f16 ? launch<256, true>(a, p, s) : launch<256, false>(a, p, s); break;
   }
   if (e != cudaSuccess) fail("kernel launch", e);
-}
-
-}  // namespace flashattn::cuda::sm90
-
-namespace flashattn::cuda::sm90 {
-namespace {
-
-template <int kHeadDim, bool kF16>
-cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, int n_blocks, cudaStream_t s) {
-  return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, n_blocks, int(p.heads_kv), int(p.batch), s)
-                  : launch_bwd<kHeadDim, kF16, false>(a, n_blocks, int(p.heads_kv), int(p.batch), s);
-}
-
-// BwdFlags for head dim d: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS.
-int bwd_flags(int d) {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_BWD_FLAGS");
-    return v && *v ? std::atoi(v) : -1;
-  }();
-  if (forced >= 0) return forced;
-  return d == 64 ? kBwdPingPong : 0;
-}
-
-bool dk_dv_ok(const detail::TensorRef& t) {  // 4-byte stores of element pairs
-  return (reinterpret_cast<uintptr_t>(t.data) & 3) == 0 && t.row_stride % 2 == 0 && t.head_stride % 2 == 0 &&
-         t.batch_stride % 2 == 0;
-}
-
-}  // namespace
-
-bool supports_backward(const detail::Params& p) {
-  if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
-  if (p.head_dim != 64 && p.head_dim != 128) return false;
-  if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
-  if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.varlen() || p.softcap != 0.f || p.window_left >= 0) return false;
-  if (p.causal ? p.window_right != 0 : p.window_right >= 0) return false;
-  if (p.scale == 0.f || !std::isfinite(p.scale)) return false;
-  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
-  if (p.heads % p.heads_kv != 0 || p.batch > 65535 || p.heads_kv > 65535) return false;
-  if (p.seqlen_q >= (int64_t(1) << 30) || p.seqlen_k >= (int64_t(1) << 30)) return false;
-  if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.dout)) return false;
-  if (!dk_dv_ok(p.dk) || !dk_dv_ok(p.dv) || !dk_dv_ok(p.dq) || !dk_dv_ok(p.out)) return false;
-  static const bool sm90 = device_is_sm90();
-  return sm90;
-}
-
-void backward(const detail::Params& p) {
-  if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
-  const bool f16 = p.dtype == DType::f16;
-  const int d = int(p.head_dim);
-  const int block_m = d == 64 ? BwdTile<64>::kBlockM : BwdTile<128>::kBlockM;
-  const int block_n = BwdTile<64>::kBlockN;
-  cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-  const int m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
-  const int m_pad = m_blocks * block_m;
-  const int n_blocks = int((p.seqlen_k + block_n - 1) / block_n);
-  const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);
-  DeviceScratch stats(size_t(2 * rows) * sizeof(float), s);
-  DeviceScratch dq_accum(size_t(rows) * d * sizeof(float), s);
-
-  PrepArgs pa{};
-  pa.out = p.out.data;
-  pa.dout = p.dout.data;
-  pa.o_batch = p.out.batch_stride, pa.o_row = p.out.row_stride, pa.o_head = p.out.head_stride;
-  pa.do_batch = p.dout.batch_stride, pa.do_row = p.dout.row_stride, pa.do_head = p.dout.head_stride;
-  pa.lse = p.lse.data;
-  pa.lse_batch = p.lse.batch_stride, pa.lse_head = p.lse.head_stride, pa.lse_row = p.lse.row_stride;
-  pa.lse_log2 = stats.as<float>();
-  pa.dsum = stats.as<float>() + rows;
-  pa.dq_accum = dq_accum.as<float>();
-  pa.heads = int(p.heads), pa.seqlen_q = int(p.seqlen_q), pa.m_pad = m_pad, pa.head_dim = d;
-  pa.rows = rows;
-  const unsigned prep_blocks = unsigned((rows + 7) / 8);
-  if (f16) bwd_prep_kernel<__half><<<prep_blocks, 256, 0, s>>>(pa);
-  else bwd_prep_kernel<__nv_bfloat16><<<prep_blocks, 256, 0, s>>>(pa);
-  check_launch("sm90 bwd_prep_kernel");
-
-  BwdArgs a{};
-  a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
-  a.tm_do = make_map(p.dout, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
-  a.tm_k = make_map(p.k, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
-  a.tm_v = make_map(p.v, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
-  a.lse_log2 = pa.lse_log2;
-  a.dsum = pa.dsum;
-  a.dq_accum = dq_accum.as<float>();
-  a.dk = p.dk.data;
-  a.dv = p.dv.data;
-  a.dk_batch_stride = p.dk.batch_stride, a.dk_row_stride = p.dk.row_stride, a.dk_head_stride = p.dk.head_stride;
-  a.dv_batch_stride = p.dv.batch_stride, a.dv_row_stride = p.dv.row_stride, a.dv_head_stride = p.dv.head_stride;
-  a.seqlen_q = int(p.seqlen_q), a.seqlen_k = int(p.seqlen_k), a.heads = int(p.heads);
-  a.group = int(p.heads / p.heads_kv);
-  a.m_blocks = m_blocks, a.m_pad = m_pad;
-  a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
-  a.scale = p.scale;
-  a.flags = bwd_flags(d);
-  cudaError_t e = d == 64 ? (f16 ? launch_b<64, true>(a, p, n_blocks, s) : launch_b<64, false>(a, p, n_blocks, s))
-                          : (f16 ? launch_b<128, true>(a, p, n_blocks, s) : launch_b<128, false>(a, p, n_blocks, s));
-  if (e != cudaSuccess) fail("backward kernel launch", e);
-
-  ConvertArgs ca{};
-  ca.dq_accum = dq_accum.as<float>();
-  ca.dq = p.dq.data;
-  ca.dq_batch = p.dq.batch_stride, ca.dq_row = p.dq.row_stride, ca.dq_head = p.dq.head_stride;
-  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_blocks, ca.head_dim = d;
-  ca.scale = p.scale;
-  ca.pairs = p.batch * p.heads * p.seqlen_q * static_cast<long long>(d / 2);
-  const unsigned conv_blocks = unsigned((ca.pairs + 255) / 256);
-  if (f16) dq_convert_kernel<__half><<<conv_blocks, 256, 0, s>>>(ca);
-  else dq_convert_kernel<__nv_bfloat16><<<conv_blocks, 256, 0, s>>>(ca);
-  check_launch("sm90 dq_convert_kernel");
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,0 +1,26 @@
+// Host-side helpers the Hopper forward (sm90.cu) and backward (sm90_bwd.cu) dispatch share.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/params.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+// Throws flashattn::Error("flashattn sm90: <what>: <CUDA's message>").
+[[noreturn]] void fail(const std::string& what, cudaError_t e);
+
+// A (batch, rows, heads, D) 16-bit tensor as a 5-D TMA map (64, rows, D/64, heads, batch) with
+// boxes of (64, box_rows, box_chunks): they land in smem as box_chunks consecutive 128B-swizzled
+// (box_rows × 128 B) chunks (hopper-sm90.md §3.2).
+CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, int64_t heads, int64_t d,
+                     int box_rows, int box_chunks, bool f16);
+
+bool device_is_sm90();                          // the current device is compute capability 9.0
+bool strides_ok(const detail::TensorRef& t);  // TMA: 16-byte aligned base, strides multiples of 8 elements
+
+}  // namespace flashattn::cuda::sm90

@@ -44,11 +44,17 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads, 1)
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
+    // The ping-pong turns run across tiles (mainloop.cuh): find this CTA's last tile with keys.
+    int last_work = -1;
+    for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k))
+      if (key_blocks<Tile, kCausal>(sched.coord(idx).m_block, a.seqlen_q, a.seqlen_k) > 0) last_work = k;
+    bool first_work = true;
     for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
       const TileCoord tc = sched.coord(idx);
       const int n_blocks = key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k);
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
-      c.run(a, sm, ps, wg - 1, tc.m_block, n_blocks);
+      c.run(a, sm, ps, wg - 1, tc.m_block, n_blocks, first_work, k == last_work);
+      if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
       // the ping-pong barriers in run() already ordered thread 0's wait before these writes.

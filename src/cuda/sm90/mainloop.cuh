@@ -185,7 +185,11 @@ struct Consumer {
   }
 
   // Ping-pong between the two consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup
-  // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the other's GEMMs.
+  // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the other's GEMMs. The
+  // turns alternate strictly over the CTA's whole life: warpgroup 0 takes the very first turn and
+  // warpgroup 1 skips only its very last hand-off. (Restarting the alternation at every tile would
+  // let warpgroup 0 arrive twice on warpgroup 1's barrier — its last turn of one tile and its first
+  // of the next — before warpgroup 1 waits there, and the two would deadlock.)
   static constexpr int kSchedBar = 3;  // ids 3, 4 (1, 2: per-WG epilogue barriers)
   __device__ __forceinline__ static void turn_begin(int wg) { ptx::named_bar_sync(kSchedBar + wg, 256); }
   __device__ __forceinline__ static void turn_end(int wg, bool last) {
@@ -194,8 +198,9 @@ struct Consumer {
 
   // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued
   // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
+  // first_of_cta / last_of_cta: this is the CTA's first / last tile that has any key block.
   __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
-                                      int n_blocks) {
+                                      int n_blocks, bool first_of_cta, bool last_of_cta) {
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) acc_o[r] = 0.f;
     if (n_blocks == 0) return;
@@ -216,7 +221,7 @@ struct Consumer {
     uint32_t p[kPSteps][4];
     float rescale[2];
 
-    if (wg == 0) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 takes the first turn
+    if (wg == 0 && first_of_cta) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 goes first
     ptx::mbar_wait(sm.full_q, q_phase);
 
     // Prologue: tile 0 (the last key tile, n = n_blocks - 1).
@@ -266,7 +271,7 @@ struct Consumer {
     ptx::mbar_wait(sm.full_v + last, ((it0 + n_blocks - 1) / Tile::kStages) & 1);
     turn_begin(wg);
     issue_pv(p, v_base + last * Tile::kKVBytes);
-    turn_end(wg, true);
+    turn_end(wg, last_of_cta);
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc_o);
     if (t == 0) ptx::mbar_arrive(sm.empty_v + last);

@@ -13,7 +13,10 @@
 
 #include <omp.h>
 
+#include <strings.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,7 +41,30 @@ void guard_blas_threads() {
 }
 }  // namespace
 
-std::string info() { return std::string("tile kernels ") + isa_name() + "; " + blas_info(); }
+std::string info() {
+  return std::string("tile kernels ") + isa_name() + "; " + blas_info() + "; tile products by " +
+         (use_own_gemm() ? "the library's micro-kernel" : "OpenBLAS");
+}
+
+bool use_own_gemm() {
+  static const bool own = [] {
+    if (const char* v = std::getenv("FLASHATTN_CPU_GEMM")) {
+      if (std::strcmp(v, "own") == 0) return true;
+      if (std::strcmp(v, "blas") == 0) return false;
+    }
+    // OpenBLAS's run-time core names with AVX2/FMA or AVX-512 kernels (x86-64, 0.3.x). Any other
+    // (Prescott, Nehalem, Sandybridge, ...) on a CPU where our table is AVX2 or AVX-512 means
+    // OpenBLAS did not recognize it and fell back to older kernels.
+    static const char* const kGood[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+    const std::string core = openblas_get_corename();
+    const std::string isa = isa_name();
+    if (isa != "avx2" && isa != "avx512") return false;
+    for (const char* g : kGood)
+      if (strcasecmp(core.c_str(), g) == 0) return false;
+    return true;
+  }();
+  return own;
+}
 
 std::string blas_info() {
   std::string config = openblas_get_config();

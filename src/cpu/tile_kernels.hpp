@@ -67,6 +67,11 @@ struct TileKernels {
 // pthread/OpenMP build, and this process's OpenMP thread count (for `flashattn bench` and reports).
 std::string blas_info();
 
+// Whether the SIMD tables do their tile products with their own micro-kernel instead of OpenBLAS:
+// when the loaded OpenBLAS runs a generic kernel set on this CPU (its core name is not one of the
+// AVX2/AVX-512 ones), or when FLASHATTN_CPU_GEMM=own (=blas forces OpenBLAS). Decided once.
+bool use_own_gemm();
+
 // TileKernels::gemm through cblas_sgemm (gemm_blas.cpp); used by the SIMD tables.
 void gemm_blas(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
                int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate);

@@ -1,9 +1,11 @@
 // AVX2 + FMA + F16C tile kernels: the x86-64 baseline (compiled with -mavx2 -mfma -mf16c).
-// Tile products: gemm_blas (OpenBLAS, gemm_blas.cpp).
+// Tile products: OpenBLAS, or the micro-kernel of tile_kernels_simd.inl when OpenBLAS runs a generic
+// core (gemm_blas.cpp).
 #include <immintrin.h>
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "cpu/tile_kernels.hpp"
@@ -14,6 +16,9 @@ namespace {
 struct T {
   using V = __m256;
   static constexpr int kLanes = 8;
+  // Own GEMM micro-kernel (used when OpenBLAS runs a generic core): 6 rows × 2 vectors = 12
+  // accumulators + 2 B vectors + 1 broadcast = 15 of 16 registers.
+  static constexpr int kMR = 6, kNV = 2;
 
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -98,7 +103,7 @@ struct T {
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx2 = {"avx2", gemm_blas, gemm_nt_blas, row_max, exp2_sum, softcap,
+const TileKernels kTileKernelsAvx2 = {"avx2", gemm_auto, gemm_nt_auto, row_max, exp2_sum, softcap,
                                       load,   store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

@@ -1,6 +1,7 @@
 // AVX-512 tile kernels (compiled with -mavx512f/bw/vl/dq -mfma; chosen by isa.cpp when the CPU
 // has AVX-512F/BW/VL/DQ). Zen 4 executes a 512-bit FMA on both 256-bit pipes, so the peak equals
-// AVX2's; the gain is half the instructions and masked tails. Tile products: gemm_blas (OpenBLAS).
+// AVX2's; the gain is half the instructions and masked tails. Tile products: OpenBLAS, or the
+// micro-kernel of tile_kernels_simd.inl when OpenBLAS runs a generic core (gemm_blas.cpp).
 // GCC 12's avx512fintrin.h initializes some results from _mm512_undefined_*(), which -Wall reports
 // as uninitialized uses inside the header (a known false positive of that header).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -9,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "cpu/tile_kernels.hpp"
@@ -19,6 +21,9 @@ namespace {
 struct T {
   using V = __m512;
   static constexpr int kLanes = 16;
+  // Own GEMM micro-kernel (used when OpenBLAS runs a generic core): 12 rows × 2 vectors = 24
+  // accumulators + 2 B vectors + 1 broadcast = 27 of 32 registers.
+  static constexpr int kMR = 12, kNV = 2;
 
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -77,7 +82,7 @@ struct T {
 
 }  // namespace
 
-const TileKernels kTileKernelsAvx512 = {"avx512", gemm_blas, gemm_nt_blas, row_max, exp2_sum, softcap,
+const TileKernels kTileKernelsAvx512 = {"avx512", gemm_auto, gemm_nt_auto, row_max, exp2_sum, softcap,
                                         load,     store,     dot,     dsoftmax};
 
 }  // namespace flashattn::cpu

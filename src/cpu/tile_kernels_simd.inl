@@ -3,10 +3,108 @@
 //
 // T provides: V (vector of T::kLanes floats), load/store/loadu_partial/store_partial, set1, zero,
 // fmadd, add, sub, mul, max, reduce_add, reduce_max, round_exp2 (2^n for integral-valued n, 0 for
-// n <= -150), load_f16/load_bf16/store_f16/store_bf16 (full vectors).
-// The tile products (gemm) are not here: both SIMD tables use gemm_blas (OpenBLAS, gemm_blas.cpp).
+// n <= -150), load_f16/load_bf16/store_f16/store_bf16 (full vectors), and the register blocking
+// of the GEMM micro-kernel: kMR rows × kNV vectors of accumulators.
+// Tile products: OpenBLAS (gemm_blas.cpp) where it runs a kernel set for this CPU, else the
+// micro-kernel below (use_own_gemm()).
 //
 // Not a header: no include guard, included exactly once per ISA file inside its namespace.
+
+// ---- GEMM fallback ------------------------------------------------------------------------------
+// Used when the loaded OpenBLAS picked a generic (pre-AVX) kernel set for this CPU — measured on
+// Zen 4 with OPENBLAS_CORETYPE=Prescott at 35 GFLOP/s per thread against 87 with its own core;
+// this micro-kernel reaches about 90 % of OpenBLAS's good core (docs/perf-log.md, CPU).
+// The micro-kernel keeps an M×(NV·kLanes) block of C in registers and walks the k dimension: per
+// step NV vector loads of B, M broadcasts of A and M·NV independent FMAs.
+template <int M, int NV>
+static inline void micro_kernel(int k, const float* a, int64_t rsa, int64_t csa, const float* b, int64_t ldb,
+                                float* c, int64_t ldc, const float* row_scale, bool accumulate) {
+  using V = typename T::V;
+  constexpr int L = T::kLanes;
+  V acc[M][NV];
+  for (int i = 0; i < M; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = T::zero();
+  const float* ap[M];
+  for (int i = 0; i < M; ++i) ap[i] = a + i * rsa;
+  for (int p = 0; p < k; ++p) {
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = T::load(b + v * L);
+    for (int i = 0; i < M; ++i) {
+      const V av = T::set1(ap[i][0]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = T::fmadd(av, bv[v], acc[i][v]);
+    }
+    for (int i = 0; i < M; ++i) ap[i] += csa;
+    b += ldb;
+  }
+  for (int i = 0; i < M; ++i) {
+    float* ci = c + i * ldc;
+    if (accumulate) {
+      if (row_scale) {
+        const V s = T::set1(row_scale[i]);
+        for (int v = 0; v < NV; ++v) acc[i][v] = T::fmadd(T::load(ci + v * L), s, acc[i][v]);
+      } else {
+        for (int v = 0; v < NV; ++v) acc[i][v] = T::add(T::load(ci + v * L), acc[i][v]);
+      }
+    }
+    for (int v = 0; v < NV; ++v) T::store(ci + v * L, acc[i][v]);
+  }
+}
+
+template <int NV>
+static inline void gemm_column_block(int m, int k, const float* a, int64_t rsa, int64_t csa, const float* b,
+                                     int64_t ldb, float* c, int64_t ldc, const float* row_scale, bool accumulate) {
+  constexpr int MR = T::kMR;
+  int i0 = 0;
+  for (; i0 + MR <= m; i0 += MR)
+    micro_kernel<MR, NV>(k, a + i0 * rsa, rsa, csa, b, ldb, c + i0 * ldc, ldc, row_scale ? row_scale + i0 : nullptr,
+                         accumulate);
+  // The remaining rows (fewer than MR), one at a time.
+  for (; i0 < m; ++i0)
+    micro_kernel<1, NV>(k, a + i0 * rsa, rsa, csa, b, ldb, c + i0 * ldc, ldc, row_scale ? row_scale + i0 : nullptr,
+                        accumulate);
+}
+
+static void gemm_own(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b, int64_t ldb,
+                     float* c, int64_t ldc, const float* row_scale, bool accumulate) {
+  constexpr int L = T::kLanes, NV = T::kNV;
+  if (m <= 0 || n <= 0) return;
+  // Column blocks outer: the k×(NV·L) panel of B stays in L1 while every row block uses it.
+  int j0 = 0;
+  for (; j0 + NV * L <= n; j0 += NV * L)
+    gemm_column_block<NV>(m, k, a, rsa, csa, b + j0, ldb, c + j0, ldc, row_scale, accumulate);
+  for (; j0 + L <= n; j0 += L)
+    gemm_column_block<1>(m, k, a, rsa, csa, b + j0, ldb, c + j0, ldc, row_scale, accumulate);
+  for (; j0 < n; ++j0)  // a last partial vector of columns (callers mostly pass padded widths)
+    for (int i = 0; i < m; ++i) {
+      float sum = 0.0f;
+      for (int p = 0; p < k; ++p) sum += a[i * rsa + p * csa] * b[p * ldb + j0];
+      float& cij = c[i * ldc + j0];
+      cij = accumulate ? (row_scale ? cij * row_scale[i] : cij) + sum : sum;
+    }
+}
+
+// C = A·Bᵀ: B (n×k, rows) transposed into a per-thread panel first (O(n·k) beside O(m·n·k)).
+static void gemm_nt_own(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                        int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  thread_local std::vector<float> bt;
+  bt.resize(size_t(k) * size_t(n));
+  for (int j = 0; j < n; ++j)
+    for (int p = 0; p < k; ++p) bt[size_t(p) * n + j] = b[j * ldb + p];
+  gemm_own(m, n, k, a, lda, 1, bt.data(), n, c, ldc, nullptr, false);
+}
+
+static void gemm_auto(int m, int n, int k, const float* a, int64_t rsa, int64_t csa, const float* b, int64_t ldb,
+                      float* c, int64_t ldc, const float* row_scale, bool accumulate) {
+  if (use_own_gemm()) gemm_own(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate);
+  else gemm_blas(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate);
+}
+
+static void gemm_nt_auto(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                         int64_t ldc) {
+  if (use_own_gemm()) gemm_nt_own(m, n, k, a, lda, b, ldb, c, ldc);
+  else gemm_nt_blas(m, n, k, a, lda, b, ldb, c, ldc);
+}
 
 // ---- row operations ---------------------------------------------------------------------------
 static float row_max(const float* x, int n) {

@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "commands.hpp"
-#include "core/scratch.hpp"
 
 namespace flashattn::tools {
 
@@ -24,15 +23,6 @@ int run_bench(const BenchArgs& a) {
   const uint64_t seed = fresh_seed();
   const double unit = device == Device::cpu ? 1e9 : 1e12;
   const char* unit_name = device == Device::cpu ? "GFLOP/s" : "TFLOP/s";
-  detail::ScratchCounter& scratch =
-      device == Device::cpu ? detail::host_scratch_counter() : detail::device_scratch_counter();
-  // Peak scratch above what was held before, over every timed call of fn.
-  auto peak_extra = [&](auto&& fn) {
-    detail::reset_scratch_peak(scratch);
-    const int64_t before = scratch.current.load();
-    fn();
-    return double(detail::scratch_peak(scratch) - before);
-  };
   if (a.json) std::printf("[\n");
   bool first = true, ok = true;
   for (const std::string& dt : a.dtypes)
@@ -55,7 +45,7 @@ int run_bench(const BenchArgs& a) {
             opt.causal = causal;
             opt.algorithm = alg;
             double fwd_ms = NAN;
-            const double fwd_extra = peak_extra([&] {
+            const double fwd_extra = peak_scratch_during(device, [&] {
               fwd_ms = time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, a.reps, 200);
             });
             double err = NAN;
@@ -65,7 +55,7 @@ int run_bench(const BenchArgs& a) {
             ok = ok && pass;
             double bwd_ms = NAN, bwd_extra = NAN;
             if (a.backward)
-              bwd_extra = peak_extra([&] {
+              bwd_extra = peak_scratch_during(device, [&] {
                 bwd_ms = time_ms(device, [&] {
                   backward(pb.tq, pb.tk, pb.tv, pb.tout, pb.tdout, pb.tlse, pb.tdq, pb.tdk, pb.tdv, opt);
                 }, 1, a.reps, 200);

@@ -1,5 +1,7 @@
 #include "common.hpp"
 
+#include "core/scratch.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -278,6 +280,15 @@ void external_profiler_stop() {
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cuda_check(cudaProfilerStop(), "cudaProfilerStop");
 #endif
+}
+
+double peak_scratch_during(Device device, const std::function<void()>& fn) {
+  detail::ScratchCounter& counter =
+      device == Device::cpu ? detail::host_scratch_counter() : detail::device_scratch_counter();
+  detail::reset_scratch_peak(counter);
+  const int64_t before = counter.current.load();
+  fn();
+  return double(detail::scratch_peak(counter) - before);
 }
 
 }  // namespace flashattn::tools

@@ -58,6 +58,10 @@ struct Problem {
 
 // Median wall time in ms of fn() (synchronized on CUDA) after `warmup` runs; repeats until
 // `min_total_ms` has passed or `max_reps` runs.
+// Peak of the library's counted scratch (host for the CPU backend, device for CUDA) above what was
+// held before, over fn(): the extra memory the calls inside fn needed.
+double peak_scratch_during(Device device, const std::function<void()>& fn);
+
 double time_ms(Device device, const std::function<void()>& fn, int warmup = 1, int max_reps = 20,
                double min_total_ms = 300);
 

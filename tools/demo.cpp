@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "commands.hpp"
-#include "core/scratch.hpp"
 #include "traffic_model.hpp"
 
 #if defined(_OPENMP)
@@ -51,12 +50,10 @@ int run_demo(const DemoArgs& a) {
       opt.causal = a.causal;
       opt.algorithm = alg;
       pb.out.fill_bytes(0xff);
-      detail::ScratchCounter& counter =
-          device == Device::cpu ? detail::host_scratch_counter() : detail::device_scratch_counter();
-      detail::reset_scratch_peak(counter);
-      const int64_t before = counter.current.load();
-      const double ms = time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, 5, 200);
-      const double extra = double(detail::scratch_peak(counter) - before);
+      double ms = 0;
+      const double extra = peak_scratch_during(device, [&] {
+        ms = time_ms(device, [&] { forward(pb.tq, pb.tk, pb.tv, pb.tout, &pb.tlse, opt); }, 1, 5, 200);
+      });
       const double err = forward_error_sampled(pb, opt, a.check_rows, seed ^ uint64_t(n));
       const Traffic t = forward_traffic(c, alg);
       const double tol = sampled_error_bound(dtype);

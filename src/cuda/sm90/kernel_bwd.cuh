@@ -28,6 +28,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/sm90/fragment.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/tile_size.hpp"
@@ -82,17 +83,6 @@ __device__ __forceinline__ int first_m_block(int n_block, int seqlen_q, int seql
   if (!kCausal) return 0;
   const int first_query = n_block * Tile::kBlockN - (seqlen_k - seqlen_q);
   return first_query <= 0 ? 0 : first_query / Tile::kBlockM;
-}
-
-template <bool kF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo -> bits [15:0]
-  if constexpr (kF16) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
 }
 
 template <int kHeadDim, bool kF16, bool kCausal>
@@ -176,26 +166,25 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     ptx::mbar_wait(sm.full + stage, (it / Tile::kStages) & 1);
     const uint32_t q_st = q_base + stage * Tile::kQBytes, do_st = do_base + stage * Tile::kQBytes;
 
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: k-step s (16 of D) = chunk s/4, +32 B inside the chunk.
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one commit group each.
     float acc_s[kSRegs], acc_dp[kSRegs];
     ptx::fence_operand(acc_s);
     ptx::fence_operand(acc_dp);
     turn_begin();
     ptx::wgmma_fence();
+    // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major:
+    // k-step s = chunk s/4, +32 B inside the chunk.
+    auto issue_keys_x_queries = [&](float(&acc)[kSRegs], uint32_t keys, uint32_t queries) {
 #pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {
-      const uint64_t dk = ptx::smem_desc_sw128(k_base + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
-      const uint64_t dq = ptx::smem_desc_sw128(q_st + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
-      Wgmma<kBlockM, kF16, 0>::ss(acc_s, dk, dq, s > 0);
-    }
-    ptx::wgmma_commit();
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {
-      const uint64_t dv = ptx::smem_desc_sw128(v_base + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
-      const uint64_t ddo = ptx::smem_desc_sw128(do_st + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
-      Wgmma<kBlockM, kF16, 0>::ss(acc_dp, dv, ddo, s > 0);
-    }
-    ptx::wgmma_commit();
+      for (int s = 0; s < kHeadDim / 16; ++s) {
+        const uint64_t da = ptx::smem_desc_sw128(keys + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
+        const uint64_t db = ptx::smem_desc_sw128(queries + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
+        Wgmma<kBlockM, kF16, 0>::ss(acc, da, db, s > 0);
+      }
+      ptx::wgmma_commit();
+    };
+    issue_keys_x_queries(acc_s, k_base, q_st);
+    issue_keys_x_queries(acc_dp, v_base, do_st);
     turn_end();
 
     // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
@@ -233,10 +222,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     for (int j = 0; j < kBlockM / 8; ++j)
       dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
     uint32_t p_a[kMSteps][4];
-#pragma unroll
-    for (int s = 0; s < kMSteps; ++s)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p_a[s][j] = pack2<kF16>(acc_s[8 * s + 2 * j], acc_s[8 * s + 2 * j + 1]);
+    acc_to_a<kF16>(acc_s, p_a);
 
     // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
     // step). Without ping-pong it is issued right away, to run while dSᵀ is computed.
@@ -271,8 +257,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         ds_a[s][j] = pack2<kF16>(acc_dp[8 * s + 2 * j], acc_dp[8 * s + 2 * j + 1]);
         // dSᵀ[key][query] in 64-query chunks of 128-byte rows, 16-byte slot c of row i at c ^ (i % 8).
         const int r = 8 * s + 2 * j;
-        const int key = 64 * g + 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-        const int query = 8 * (r >> 2) + 2 * (lane % 4);
+        const int key = 64 * g + acc_row(t, r), query = acc_col(t, r);
         const int slot = ((query % 64) / 8) ^ (key % 8);
         *reinterpret_cast<uint32_t*>(ds_buf + (query / 64) * kBlockN * 128 + key * 128 + slot * 16 + (query % 8) * 2) =
             ds_a[s][j];
@@ -325,9 +310,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
       for (int r = 0; r < 32; r += 2) {
-        const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-        const int col = 8 * (r >> 2) + 2 * (lane % 4);
-        atomicAdd(reinterpret_cast<float2*>(dq_block + row * 64 + col), make_float2(acc_dq[r], acc_dq[r + 1]));
+        atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)),
+                  make_float2(acc_dq[r], acc_dq[r + 1]));
       }
     } else {
       // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
@@ -337,9 +321,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       ptx::named_bar_sync(1 + g, 128);
 #pragma unroll
       for (int r = 0; r < 32; r += 2) {
-        const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-        const int col = 8 * (r >> 2) + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(stage_dq + row * 64 + col) = make_float2(acc_dq[r], acc_dq[r + 1]);
+        *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
       }
       ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
       ptx::named_bar_sync(1 + g, 128);
@@ -357,8 +339,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride;
 #pragma unroll
   for (int r = 0; r < kDRegs; r += 2) {
-    const int key = key_row0 + 8 * ((r >> 1) & 1);
-    const int col = 8 * (r >> 2) + 2 * (lane % 4);
+    const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
     if (key < a.seqlen_k) {
       *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
       *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =

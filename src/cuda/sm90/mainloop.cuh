@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/sm90/fragment.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/softmax.cuh"
@@ -131,17 +132,6 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
 }
 
 // ---- consumer: one warpgroup, 64 query rows --------------------------------------------------------
-template <bool kF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {  // lo -> bits [15:0]
-  if constexpr (kF16) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
 template <class Tile, bool kF16, bool kCausal, int kHeadDim>
 struct Consumer {
   static constexpr int kBlockN = Tile::kBlockN;
@@ -178,10 +168,7 @@ struct Consumer {
   }
   // P (A operand of P·V) straight from the score accumulator (§1.4): no shuffles.
   __device__ __forceinline__ static void convert_p(const float (&acc_s)[kSRegs], uint32_t (&p)[kPSteps][4]) {
-#pragma unroll
-    for (int s = 0; s < kPSteps; ++s)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[s][j] = pack2<kF16>(acc_s[8 * s + 2 * j], acc_s[8 * s + 2 * j + 1]);
+    acc_to_a<kF16>(acc_s, p);
   }
 
   // Ping-pong between the two consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup

@@ -1,0 +1,38 @@
+// The wgmma accumulator fragment (m64nN, fp32) as the consumer warpgroups of both Hopper kernels
+// read and repack it (hopper-sm90.md §1.3, §1.4). Thread t of the warpgroup, register r:
+//   row(t, r) = 16·(t/32) + (t%32)/4 + 8·((r>>1)&1),   col(t, r) = 8·(r>>2) + 2·(t%4) + (r&1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flashattn::cuda::sm90 {
+
+__device__ __forceinline__ int acc_row(int t, int r) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((r >> 1) & 1); }
+__device__ __forceinline__ int acc_col(int t, int r) { return 8 * (r >> 2) + 2 * (t % 4) + (r & 1); }
+
+// Two floats as one 16-bit pair, lo in bits [15:0].
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kF16) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// An m64 accumulator (64 × 16·kSteps) as the register A operand of the next wgmma, k16 slice s in
+// a[s]: the layouts line up, so no shuffles (§1.4).
+template <bool kF16, int kSteps>
+__device__ __forceinline__ void acc_to_a(const float (&acc)[8 * kSteps], uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[s][j] = pack2<kF16>(acc[8 * s + 2 * j], acc[8 * s + 2 * j + 1]);
+}
+
+}  // namespace flashattn::cuda::sm90

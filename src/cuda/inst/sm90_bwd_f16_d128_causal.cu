@@ -2,5 +2,5 @@
 #include "cuda/sm90/kernel_bwd.cuh"
 
 namespace flashattn::cuda::sm90 {
-template cudaError_t launch_bwd<128, true, true>(const BwdArgs&, int, int, int, cudaStream_t);
+template cudaError_t launch_bwd<128, true, true>(const BwdArgs&, cudaStream_t);
 }  // namespace flashattn::cuda::sm90

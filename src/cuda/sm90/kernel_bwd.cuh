@@ -1,7 +1,9 @@
 // The Hopper backward kernel: dK, dV and (through fp32 atomics) dQ in one pass, TMA + wgmma.
 //
-// One CTA per (key tile of kBlockN = 128 keys, KV head, batch); it loops over the query tiles of
-// every query head of the GQA group, so dK and dV stay in registers and need no reduction.
+// Work tile = (key tile of kBlockN = 128 keys, KV head, batch); a CTA loops over the query tiles
+// of every query head of the GQA group, so dK and dV stay in registers and need no reduction. The
+// grid is one CTA per tile, or persistent (kBwdPersistent: the producer loads the next tile's K/V
+// as soon as both consumer warpgroups release them, overlapping the epilogue).
 //   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q and dO of each
 //                           query tile into a 2-stage ring (TMA). The consumers read the per-query
 //                           LSE and D (fp32, precomputed) straight from global memory.
@@ -46,6 +48,7 @@ struct Smem {
   uint8_t* ds;  // buffer b at + b·kDSBytes
   float* dq_stage;  // warpgroup g, buffer b at + (2g + b)·64·64
   uint64_t* full_kv;
+  uint64_t* empty_kv;  // both consumer warpgroups are done with this tile's K and V
   uint64_t* full;   // [kStages]: Q and dO of one query tile
   uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
 
@@ -60,14 +63,16 @@ struct Smem {
     s.dq_stage = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
     uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s.dq_stage) + 4 * Tile::kDqStageBytes);
     s.full_kv = bars;
-    s.full = bars + 1;
+    s.empty_kv = bars + 1;
+    s.full = bars + 2;
     s.empty = s.full + Tile::kStages;
     return s;
   }
-  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (1 + 2 * Tile::kStages);
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 2 * Tile::kStages);
 
   __device__ void init_barriers() {
     ptx::mbar_init(full_kv, 1);
+    ptx::mbar_init(empty_kv, Tile::kConsumerWGs);
     for (int s = 0; s < Tile::kStages; ++s) {
       ptx::mbar_init(full + s, 1);
       ptx::mbar_init(empty + s, Tile::kConsumerWGs);
@@ -85,17 +90,34 @@ __device__ __forceinline__ int first_m_block(int n_block, int seqlen_q, int seql
   return first_query <= 0 ? 0 : first_query / Tile::kBlockM;
 }
 
+// Work tiles: (key tile, KV head, batch), key tile fastest, so concurrent CTAs share a head's Q
+// and dO in L2 and, for causal, the heaviest key tiles (n = 0 sees every query tile) come first.
+// A CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, …: one tile per CTA when the grid covers
+// them all, persistent otherwise (BwdArgs::grid chosen on the host, kBwdPersistent).
+struct BwdTileCoord {
+  int n_block, head_kv, batch;
+  int m_begin, m_count, steps;  // query tiles of the tile; steps = m_count · group
+};
+template <class Tile, bool kCausal>
+__device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
+  BwdTileCoord c;
+  c.n_block = idx % a.n_blocks;
+  c.head_kv = (idx / a.n_blocks) % a.heads_kv;
+  c.batch = idx / (a.n_blocks * a.heads_kv);
+  c.m_begin = first_m_block<Tile, kCausal>(c.n_block, a.seqlen_q, a.seqlen_k);
+  c.m_count = a.m_blocks > c.m_begin ? a.m_blocks - c.m_begin : 0;
+  c.steps = c.m_count * a.group;  // (head of the group, query tile) pairs, head-major
+  return c;
+}
+
 template <int kHeadDim, bool kF16, bool kCausal>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
-  const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
   const int wg = threadIdx.x / 128;
-  const int m_begin = first_m_block<Tile, kCausal>(n_block, a.seqlen_q, a.seqlen_k);
-  const int m_count = a.m_blocks > m_begin ? a.m_blocks - m_begin : 0;
-  const int steps = m_count * a.group;  // (head of the group, query tile) pairs, head-major
+  const int tiles = a.n_blocks * a.heads_kv * a.batch;
 
   if (threadIdx.x == 0) {
     ptx::tma_prefetch_desc(&a.tm_q);
@@ -108,18 +130,27 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
-    if (threadIdx.x == 0 && steps > 0) {
-      ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
-      ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, n_block * kBlockN, 0, head_kv, batch);
-      ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, n_block * kBlockN, 0, head_kv, batch);
-      for (int it = 0; it < steps; ++it) {
-        const int head = head_kv * a.group + it / m_count;
-        const int m = m_begin + it % m_count;
-        const int stage = it % Tile::kStages;
-        ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
-        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
-        ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+    if (threadIdx.x == 0) {
+      // Ring positions continue across this CTA's tiles: Q/dO stage it % kStages, K/V load count.
+      int it = 0, kv_loads = 0;
+      for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+        const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+        if (tc.steps == 0) continue;
+        // K/V of the previous tile released by both consumer warpgroups (fresh barrier: passes).
+        ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
+        ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
+        ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
+        ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
+        for (int st = 0; st < tc.steps; ++st, ++it) {
+          const int head = tc.head_kv * a.group + st / tc.m_count;
+          const int m = tc.m_begin + st % tc.m_count;
+          const int stage = it % Tile::kStages;
+          ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
+          ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
+          ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, tc.batch);
+          ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head,
+                           tc.batch);
+        }
       }
     }
     return;
@@ -131,13 +162,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   constexpr int kSRegs = kBlockM / 2;   // Sᵀ, dPᵀ accumulators (64 × kBlockM)
   constexpr int kDRegs = kHeadDim / 2;  // dK, dV accumulators (64 × D)
   constexpr int kMSteps = kBlockM / 16;  // k16 slices of dV/dK (over queries)
-  float acc_dv[kDRegs], acc_dk[kDRegs];
-#pragma unroll
-  for (int r = 0; r < kDRegs; ++r) acc_dv[r] = acc_dk[r] = 0.f;
-
   const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
   const uint32_t q_base = ptx::smem_addr(sm.q), do_base = ptx::smem_addr(sm.dO), ds_base = ptx::smem_addr(sm.ds);
-  const int key_row0 = n_block * kBlockN + 64 * g + 16 * (t / 32) + lane / 4;  // this thread's half-0 key
   // dQ = dS·K, one m64n64 accumulator per warpgroup. d64 splits the sum over keys (each warpgroup
   // its own 64 keys, reading only its own dSᵀ rows, so the warpgroups run independently and can
   // ping-pong); d128 splits the head dim (each warpgroup 64 columns over all 128 keys, reading the
@@ -146,219 +172,236 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   constexpr bool kSplitKeys = kHeadDim == 64;
   // Ping-pong (d64 only): the warpgroups take turns issuing their two bursts of GEMMs per step
   // ([Sᵀ, dPᵀ] and [dV, dK, dQ]), so one warpgroup's elementwise work overlaps the other's GEMMs
-  // (hopper-sm90.md §4). Named barriers 4 + g; warpgroup 0 takes the first turn.
+  // (hopper-sm90.md §4). Named barriers 4 + g. The turns alternate strictly over the CTA's whole
+  // life (across tiles): warpgroup 0 takes the first turn, warpgroup 1 skips only its very last
+  // hand-off, so every arrival meets a matching wait.
   const bool pingpong = kSplitKeys && (a.flags & kBwdPingPong) != 0;
-  const int turns = 2 * steps;
-  int turn = 0;
   auto turn_begin = [&] {
     if (pingpong) ptx::named_bar_sync(4 + g, 256);
   };
-  auto turn_end = [&] {
-    if (pingpong && !(g == 1 && ++turn == turns)) ptx::named_bar_arrive(4 + (g ^ 1), 256);
+  auto turn_end = [&](bool last_of_cta) {
+    if (pingpong && !(g == 1 && last_of_cta)) ptx::named_bar_arrive(4 + (g ^ 1), 256);
   };
-  if (pingpong && g == 0 && steps > 0) ptx::named_bar_arrive(4, 256);
+  // The last tile of this CTA that has any step (the one whose final turn is not handed off).
+  long long last_work = -1;
+  for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x)
+    if (bwd_tile<Tile, kCausal>(a, int(idx)).steps > 0) last_work = idx;
+  if (pingpong && g == 0 && last_work >= 0) ptx::named_bar_arrive(4, 256);
 
-  if (steps > 0) ptx::mbar_wait(sm.full_kv, 0);
-  for (int it = 0; it < steps; ++it) {
-    const int head = head_kv * a.group + it / m_count;
-    const int m = m_begin + it % m_count;
-    const int stage = it % Tile::kStages;
-    ptx::mbar_wait(sm.full + stage, (it / Tile::kStages) & 1);
-    const uint32_t q_st = q_base + stage * Tile::kQBytes, do_st = do_base + stage * Tile::kQBytes;
+  int it = 0, kv_loads = 0;  // as on the producer side
+  for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    const int n_block = tc.n_block, head_kv = tc.head_kv, batch = tc.batch;
+    const int m_begin = tc.m_begin, m_count = tc.m_count, steps = tc.steps;
+    float acc_dv[kDRegs], acc_dk[kDRegs];
+#pragma unroll
+    for (int r = 0; r < kDRegs; ++r) acc_dv[r] = acc_dk[r] = 0.f;
+    const int key_row0 = n_block * kBlockN + 64 * g + 16 * (t / 32) + lane / 4;  // this thread's half-0 key
 
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one commit group each.
-    float acc_s[kSRegs], acc_dp[kSRegs];
-    ptx::fence_operand(acc_s);
-    ptx::fence_operand(acc_dp);
-    turn_begin();
-    ptx::wgmma_fence();
-    // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major:
-    // k-step s = chunk s/4, +32 B inside the chunk.
-    auto issue_keys_x_queries = [&](float(&acc)[kSRegs], uint32_t keys, uint32_t queries) {
-#pragma unroll
-      for (int s = 0; s < kHeadDim / 16; ++s) {
-        const uint64_t da = ptx::smem_desc_sw128(keys + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
-        const uint64_t db = ptx::smem_desc_sw128(queries + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
-        Wgmma<kBlockM, kF16, 0>::ss(acc, da, db, s > 0);
-      }
-      ptx::wgmma_commit();
-    };
-    issue_keys_x_queries(acc_s, k_base, q_st);
-    issue_keys_x_queries(acc_dp, v_base, do_st);
-    turn_end();
+    if (steps > 0) ptx::mbar_wait(sm.full_kv, kv_loads++ & 1);
+    for (int st = 0; st < steps; ++st, ++it) {
+      const bool last_step_of_cta = idx == last_work && st == steps - 1;
+      const int head = head_kv * a.group + st / m_count;
+      const int m = m_begin + st % m_count;
+      const int stage = it % Tile::kStages;
+      ptx::mbar_wait(sm.full + stage, (it / Tile::kStages) & 1);
+      const uint32_t q_st = q_base + stage * Tile::kQBytes, do_st = do_base + stage * Tile::kQBytes;
 
-    // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
-    // consumers read them with plain loads, so they never travel through the TMA-written stages.
-    const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
-    float2 lse2[kBlockM / 8], dsum2[kBlockM / 8];
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, one commit group each.
+      float acc_s[kSRegs], acc_dp[kSRegs];
+      ptx::fence_operand(acc_s);
+      ptx::fence_operand(acc_dp);
+      turn_begin();
+      ptx::wgmma_fence();
+      // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major:
+      // k-step s = chunk s/4, +32 B inside the chunk.
+      auto issue_keys_x_queries = [&](float(&acc)[kSRegs], uint32_t keys, uint32_t queries) {
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-      lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + stat_row + 8 * j + 2 * (lane % 4)));
-
-    // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
-    ptx::wgmma_wait<1>();
-    ptx::fence_operand(acc_s);
-    const int q0 = m * kBlockM;
-    const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
-                           (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      const float2 l2 = lse2[j];
-#pragma unroll
-      for (int r = 4 * j; r < 4 * j + 4; ++r) {
-        const float row_lse = (r & 1) ? l2.y : l2.x;
-        float p = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
-        if (need_mask) {
-          const int key = key_row0 + 8 * ((r >> 1) & 1);
-          const int query = q0 + col + (r & 1);
-          if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+        for (int s = 0; s < kHeadDim / 16; ++s) {
+          const uint64_t da = ptx::smem_desc_sw128(keys + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
+          const uint64_t db = ptx::smem_desc_sw128(queries + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
+          Wgmma<kBlockM, kF16, 0>::ss(acc, da, db, s > 0);
         }
-        acc_s[r] = p;
-      }
-    }
-    // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-      dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
-    uint32_t p_a[kMSteps][4];
-    acc_to_a<kF16>(acc_s, p_a);
+        ptx::wgmma_commit();
+      };
+      issue_keys_x_queries(acc_s, k_base, q_st);
+      issue_keys_x_queries(acc_dp, v_base, do_st);
+      turn_end(false);
 
-    // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
-    // step). Without ping-pong it is issued right away, to run while dSᵀ is computed.
-    auto issue_dv = [&] {
-      ptx::fence_operand(acc_dv);
+      // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
+      // consumers read them with plain loads, so they never travel through the TMA-written stages.
+      const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
+      float2 lse2[kBlockM / 8], dsum2[kBlockM / 8];
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+        lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + stat_row + 8 * j + 2 * (lane % 4)));
+
+      // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
+      ptx::wgmma_wait<1>();
+      ptx::fence_operand(acc_s);
+      const int q0 = m * kBlockM;
+      const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
+                             (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const int col = 8 * j + 2 * (lane % 4);
+        const float2 l2 = lse2[j];
+#pragma unroll
+        for (int r = 4 * j; r < 4 * j + 4; ++r) {
+          const float row_lse = (r & 1) ? l2.y : l2.x;
+          float p = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+          if (need_mask) {
+            const int key = key_row0 + 8 * ((r >> 1) & 1);
+            const int query = q0 + col + (r & 1);
+            if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+          }
+          acc_s[r] = p;
+        }
+      }
+      // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+        dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
+      uint32_t p_a[kMSteps][4];
+      acc_to_a<kF16>(acc_s, p_a);
+
+      // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
+      // step). Without ping-pong it is issued right away, to run while dSᵀ is computed.
+      auto issue_dv = [&] {
+        ptx::fence_operand(acc_dv);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < kMSteps; ++s) {
+          const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
+          Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
+        }
+        ptx::wgmma_commit();
+      };
+      if (!pingpong) issue_dv();
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run).
+      if (pingpong) ptx::wgmma_wait<0>();
+      else ptx::wgmma_wait<1>();
+      ptx::fence_operand(acc_dp);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const float2 d2 = dsum2[j];
+#pragma unroll
+        for (int r = 4 * j; r < 4 * j + 4; ++r) acc_dp[r] = acc_s[r] * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+      }
+      uint32_t ds_a[kMSteps][4];
+      uint8_t* ds_buf = sm.ds + (it & 1) * Tile::kDSBytes;
+#pragma unroll
+      for (int s = 0; s < kMSteps; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          ds_a[s][j] = pack2<kF16>(acc_dp[8 * s + 2 * j], acc_dp[8 * s + 2 * j + 1]);
+          // dSᵀ[key][query] in 64-query chunks of 128-byte rows, 16-byte slot c of row i at c ^ (i % 8).
+          const int r = 8 * s + 2 * j;
+          const int key = 64 * g + acc_row(t, r), query = acc_col(t, r);
+          const int slot = ((query % 64) / 8) ^ (key % 8);
+          *reinterpret_cast<uint32_t*>(ds_buf + (query / 64) * kBlockN * 128 + key * 128 + slot * 16 + (query % 8) * 2) =
+              ds_a[s][j];
+        }
+
+      // dK += dSᵀ·Q (unscaled; × scale in the epilogue), then dQ = dS·K: A = dS (queries × keys) is
+      // the staged dSᵀ read MN-major, B = K ([key][d]) MN-major.
+      ptx::fence_proxy_async();
+      if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
+      turn_begin();
+      if (pingpong) issue_dv();
+      ptx::fence_operand(acc_dk);
       ptx::wgmma_fence();
 #pragma unroll
       for (int s = 0; s < kMSteps; ++s) {
-        const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
-        Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
+        const uint64_t dq = ptx::smem_desc_sw128(q_st + s * 2048, kBlockM * 128, 1024);
+        Wgmma<kHeadDim, kF16, 1>::rs(acc_dk, ds_a[s], dq, 1);
       }
       ptx::wgmma_commit();
-    };
-    if (!pingpong) issue_dv();
-
-    // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run).
-    if (pingpong) ptx::wgmma_wait<0>();
-    else ptx::wgmma_wait<1>();
-    ptx::fence_operand(acc_dp);
+      if (!kSplitKeys) ptx::named_bar_sync(3, 256);  // both warpgroups' rows are in smem
+      float acc_dq[32];
+      {
+        ptx::fence_operand(acc_dq);
+        ptx::wgmma_fence();
+        const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
+        const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
+        constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      const float2 d2 = dsum2[j];
-#pragma unroll
-      for (int r = 4 * j; r < 4 * j + 4; ++r) acc_dp[r] = acc_s[r] * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
-    }
-    uint32_t ds_a[kMSteps][4];
-    uint8_t* ds_buf = sm.ds + (it & 1) * Tile::kDSBytes;
-#pragma unroll
-    for (int s = 0; s < kMSteps; ++s)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        ds_a[s][j] = pack2<kF16>(acc_dp[8 * s + 2 * j], acc_dp[8 * s + 2 * j + 1]);
-        // dSᵀ[key][query] in 64-query chunks of 128-byte rows, 16-byte slot c of row i at c ^ (i % 8).
-        const int r = 8 * s + 2 * j;
-        const int key = 64 * g + acc_row(t, r), query = acc_col(t, r);
-        const int slot = ((query % 64) / 8) ^ (key % 8);
-        *reinterpret_cast<uint32_t*>(ds_buf + (query / 64) * kBlockN * 128 + key * 128 + slot * 16 + (query % 8) * 2) =
-            ds_a[s][j];
+        for (int s = 0; s < kKeySteps; ++s) {
+          const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
+          const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
+          WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
+        }
       }
-
-    // dK += dSᵀ·Q (unscaled; × scale in the epilogue), then dQ = dS·K: A = dS (queries × keys) is
-    // the staged dSᵀ read MN-major, B = K ([key][d]) MN-major.
-    ptx::fence_proxy_async();
-    if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
-    turn_begin();
-    if (pingpong) issue_dv();
-    ptx::fence_operand(acc_dk);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kMSteps; ++s) {
-      const uint64_t dq = ptx::smem_desc_sw128(q_st + s * 2048, kBlockM * 128, 1024);
-      Wgmma<kHeadDim, kF16, 1>::rs(acc_dk, ds_a[s], dq, 1);
-    }
-    ptx::wgmma_commit();
-    if (!kSplitKeys) ptx::named_bar_sync(3, 256);  // both warpgroups' rows are in smem
-    float acc_dq[32];
-    {
+      ptx::wgmma_commit();
+      turn_end(last_step_of_cta);
+      ptx::wgmma_wait<0>();
       ptx::fence_operand(acc_dq);
-      ptx::wgmma_fence();
-      const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
-      const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
-      constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
-#pragma unroll
-      for (int s = 0; s < kKeySteps; ++s) {
-        const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
-        const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
-        WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
-      }
-    }
-    ptx::wgmma_commit();
-    turn_end();
-    ptx::wgmma_wait<0>();
-    ptx::fence_operand(acc_dq);
-    ptx::fence_operand(acc_dv);
-    ptx::fence_operand(acc_dk);
-    ptx::fence_operand(p_a);
-    ptx::fence_operand(ds_a);
-    // Every GEMM of this warpgroup that read the stage has completed: release it to the producer.
-    if (t == 0) ptx::mbar_arrive(sm.empty + stage);
+      ptx::fence_operand(acc_dv);
+      ptx::fence_operand(acc_dk);
+      ptx::fence_operand(p_a);
+      ptx::fence_operand(ds_a);
+      // Every GEMM of this warpgroup that read the stage has completed: release it to the producer.
+      if (t == 0) ptx::mbar_arrive(sm.empty + stage);
 
-    // dQ_accum's 64 × 64 block (rows of this query tile, head-dim chunk) += acc_dq.
-    float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_blocks + m) *
-                                       (kHeadDim / 64) * 4096 + (kSplitKeys ? 0 : g * 4096);
-    if (a.flags & kBwdNoDq) {
-    } else if (a.flags & kBwdAtomicDq) {
+      // dQ_accum's 64 × 64 block (rows of this query tile, head-dim chunk) += acc_dq.
+      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_blocks + m) *
+                                         (kHeadDim / 64) * 4096 + (kSplitKeys ? 0 : g * 4096);
+      if (a.flags & kBwdNoDq) {
+      } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
-      for (int r = 0; r < 32; r += 2) {
-        atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)),
-                  make_float2(acc_dq[r], acc_dq[r + 1]));
-      }
-    } else {
-      // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
-      // buffer written now was last read by the reduction of step it - 2.
-      float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
-      if (t == 0) ptx::bulk_wait_read<1>();
-      ptx::named_bar_sync(1 + g, 128);
+        for (int r = 0; r < 32; r += 2) {
+          atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)), make_float2(acc_dq[r], acc_dq[r + 1]));
+        }
+      } else {
+        // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
+        // buffer written now was last read by the reduction of step it - 2.
+        float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
+        if (t == 0) ptx::bulk_wait_read<1>();
+        ptx::named_bar_sync(1 + g, 128);
 #pragma unroll
-      for (int r = 0; r < 32; r += 2) {
-        *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
-      }
-      ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
-      ptx::named_bar_sync(1 + g, 128);
-      if (t == 0) {
-        ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
-        ptx::tma_store_commit();
+        for (int r = 0; r < 32; r += 2) {
+          *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
+        }
+        ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
+        ptx::named_bar_sync(1 + g, 128);
+        if (t == 0) {
+          ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
+          ptx::tma_store_commit();
+        }
       }
     }
-  }
+    // Every GEMM of this warpgroup that read K and V has completed (the last step ended with
+    // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
+    if (steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
+
+    // Epilogue: dV and scale·dK straight from the accumulators to the caller's tensors.
+    using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
+    T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride;
+    T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride;
+#pragma unroll
+    for (int r = 0; r < kDRegs; r += 2) {
+      const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
+      if (key < a.seqlen_k) {
+        *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
+        *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
+            pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
+      }
+    }
+  }  // tiles
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
-
-  // Epilogue: dV and scale·dK straight from the accumulators to the caller's tensors.
-  using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
-  T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride;
-  T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < kDRegs; r += 2) {
-    const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
-    if (key < a.seqlen_k) {
-      *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
-      *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
-          pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
-    }
-  }
 }
 
 }  // namespace bwd
 
 template <int kHeadDim, bool kF16, bool kCausal>
-cudaError_t launch_bwd(const BwdArgs& a, int n_blocks, int heads_kv, int batch, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using Tile = BwdTile<kHeadDim>;
   auto kernel = bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
   constexpr int smem = bwd::Smem<Tile>::kBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  // Causal: key tile 0 has the most query tiles; blockIdx.x = n_block puts the longest CTAs first.
-  kernel<<<dim3(n_blocks, heads_kv, batch), Tile::kThreads, smem, stream>>>(a);
+  kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 

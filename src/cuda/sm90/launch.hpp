@@ -32,6 +32,8 @@ struct BwdArgs {
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
   int m_blocks, m_pad;                   // query tiles per (batch, head); m_blocks · kBlockM
+  int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
+  int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)
   float scale_log2;                      // scale · log2(e)
   float scale;
   int flags;                             // BwdFlags
@@ -44,10 +46,12 @@ enum BwdFlags : int {
   kBwdPingPong = 1,  // the two consumer warpgroups take turns issuing their GEMMs (d64)
   kBwdAtomicDq = 2,  // dQ added by per-thread fp32 vector atomics instead of one bulk reduction
   kBwdNoDq = 4,      // experiment: dQ computed but never added
+  kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
+                       // load while the current tile's epilogue runs (else one CTA per tile)
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>
-cudaError_t launch_bwd(const BwdArgs& a, int n_blocks, int heads_kv, int batch, cudaStream_t stream);
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream);
 
 // Defined in kernel_fwd.cuh; one explicit instantiation per src/cuda/inst/sm90_fwd_*.cu.
 template <int kHeadDim, bool kF16, bool kCausal>

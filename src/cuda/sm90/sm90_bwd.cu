@@ -21,9 +21,8 @@ namespace flashattn::cuda::sm90 {
 namespace {
 
 template <int kHeadDim, bool kF16>
-cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, int n_blocks, cudaStream_t s) {
-  return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, n_blocks, int(p.heads_kv), int(p.batch), s)
-                  : launch_bwd<kHeadDim, kF16, false>(a, n_blocks, int(p.heads_kv), int(p.batch), s);
+cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) {
+  return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
 }
 
 // BwdFlags for head dim d: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS.
@@ -109,8 +108,15 @@ void backward(const detail::Params& p) {
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
   a.flags = bwd_flags(d);
-  cudaError_t e = d == 64 ? (f16 ? launch_b<64, true>(a, p, n_blocks, s) : launch_b<64, false>(a, p, n_blocks, s))
-                          : (f16 ? launch_b<128, true>(a, p, n_blocks, s) : launch_b<128, false>(a, p, n_blocks, s));
+  a.n_blocks = n_blocks, a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
+  const long long tiles = static_cast<long long>(n_blocks) * p.heads_kv * p.batch;
+  if (tiles >= (1LL << 31)) throw Error("flashattn sm90 backward: too many key tiles for one grid");
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  a.grid = int((a.flags & kBwdPersistent) && tiles > sms ? sms : tiles);
+  cudaError_t e = d == 64 ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
+                          : (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s));
   if (e != cudaSuccess) fail("backward kernel launch", e);
 
   ConvertArgs ca{};

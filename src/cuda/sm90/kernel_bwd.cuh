@@ -353,6 +353,44 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         for (int r = 0; r < 32; r += 2) {
           atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)), make_float2(acc_dq[r], acc_dq[r + 1]));
         }
+      } else if (kSplitKeys && (a.flags & kBwdSumDq)) {
+        // d64: both warpgroups' partials go to the same block. Summed in smem first, one bulk
+        // reduction per step instead of two: warpgroup 0 writes its block into buffer it & 1 and
+        // arrives on barrier 6; warpgroup 1 waits there, adds its own (each thread the same
+        // fragment positions), reduces, and arrives on barrier 7 once the reduction of the step
+        // before has finished reading the other buffer — which warpgroup 0 waits for before
+        // writing it at the next step. Every arrival meets one wait: warpgroup 1 skips its last.
+        float* stage_dq = sm.dq_stage + (it & 1) * 4096;
+        if (g == 0) {
+          if (it > 0) ptx::named_bar_sync(7, 256);
+#pragma unroll
+          for (int r = 0; r < 32; r += 2) {
+            const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+            const int col = 8 * (r >> 2) + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(stage_dq + row * 64 + col) = make_float2(acc_dq[r], acc_dq[r + 1]);
+          }
+          __threadfence_block();
+          ptx::named_bar_arrive(6, 256);
+        } else {
+          ptx::named_bar_sync(6, 256);
+#pragma unroll
+          for (int r = 0; r < 32; r += 2) {
+            const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
+            const int col = 8 * (r >> 2) + 2 * (lane % 4);
+            float2* p = reinterpret_cast<float2*>(stage_dq + row * 64 + col);
+            const float2 v = *p;
+            *p = make_float2(v.x + acc_dq[r], v.y + acc_dq[r + 1]);
+          }
+          ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
+          ptx::named_bar_sync(2, 128);
+          if (t == 0) {
+            ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
+            ptx::tma_store_commit();
+            ptx::bulk_wait_read<1>();  // the reduction of step it - 1 has read buffer (it + 1) & 1
+          }
+          ptx::named_bar_sync(2, 128);
+          if (!last_step_of_cta) ptx::named_bar_arrive(7, 256);
+        }
       } else {
         // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
         // buffer written now was last read by the reduction of step it - 2.

@@ -48,6 +48,7 @@ enum BwdFlags : int {
   kBwdNoDq = 4,      // experiment: dQ computed but never added
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
+  kBwdSumDq = 16,      // d64: the two warpgroups' dQ partials summed in smem, one reduction per step
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

@@ -171,16 +171,19 @@ struct Consumer {
     acc_to_a<kF16>(acc_s, p);
   }
 
-  // Ping-pong between the two consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup
-  // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the other's GEMMs. The
-  // turns alternate strictly over the CTA's whole life: warpgroup 0 takes the very first turn and
-  // warpgroup 1 skips only its very last hand-off. (Restarting the alternation at every tile would
-  // let warpgroup 0 arrive twice on warpgroup 1's barrier — its last turn of one tile and its first
-  // of the next — before warpgroup 1 waits there, and the two would deadlock.)
-  static constexpr int kSchedBar = 3;  // ids 3, 4 (1, 2: per-WG epilogue barriers)
+  // Ping-pong between the consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup
+  // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the others' GEMMs. Turns
+  // rotate 0 → 1 → … → kConsumerWGs − 1 → 0 over the CTA's whole life: warpgroup 0 takes the very
+  // first turn and the last warpgroup of the rotation skips only its very last hand-off.
+  // (Restarting the rotation at every tile would let warpgroup 0 arrive twice on warpgroup 1's
+  // barrier — its last turn of one tile and its first of the next — before warpgroup 1 waits
+  // there, and the two would deadlock.) Barrier ids: 1 … kConsumerWGs are the per-warpgroup
+  // epilogue barriers, the turn barriers follow.
+  static constexpr int kSchedBar = 1 + Tile::kConsumerWGs;
   __device__ __forceinline__ static void turn_begin(int wg) { ptx::named_bar_sync(kSchedBar + wg, 256); }
   __device__ __forceinline__ static void turn_end(int wg, bool last) {
-    if (!(last && wg == 1)) ptx::named_bar_arrive(kSchedBar + (wg ^ 1), 256);  // keep arrivals balanced
+    if (!(last && wg == Tile::kConsumerWGs - 1))  // keep arrivals balanced
+      ptx::named_bar_arrive(kSchedBar + (wg + 1) % Tile::kConsumerWGs, 256);
   }
 
   // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued

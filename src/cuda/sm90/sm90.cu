@@ -107,7 +107,7 @@ void forward(const detail::Params& p) {
   if (!supports(p)) throw Error("flashattn sm90 forward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
-  const int block_m = FwdTile<64>::kBlockM;
+  const int block_m = d == 64 ? FwdTile<64>::kBlockM : d == 128 ? FwdTile<128>::kBlockM : FwdTile<256>::kBlockM;
   const int block_n = d == 64 ? FwdTile<64>::kBlockN : d == 128 ? FwdTile<128>::kBlockN : FwdTile<256>::kBlockN;
   FwdArgs a{};
   a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);

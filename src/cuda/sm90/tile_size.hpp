@@ -22,19 +22,25 @@
 #ifndef FLASHATTN_SM90_D128_BLOCK_N
 #define FLASHATTN_SM90_D128_BLOCK_N 128
 #endif
+// Experiment knob for the d64 query tile: 128 (2 consumer warpgroups) or 192 (3, FA3's choice;
+// setmaxnreg 32/160: 128·32 + 384·160 = 65536). Not yet measured (docs/hopper-kernels.md).
+#ifndef FLASHATTN_SM90_D64_BLOCK_M
+#define FLASHATTN_SM90_D64_BLOCK_M 128
+#endif
 
 namespace flashattn::cuda::sm90 {
 
 template <int kHeadDim>
 struct FwdTile {
-  static constexpr int kBlockM = 128;                        // 2 consumer WGs × 64 rows
+  static constexpr int kBlockM = kHeadDim == 64 ? FLASHATTN_SM90_D64_BLOCK_M : 128;  // 64 rows per consumer WG
   static constexpr int kBlockN = kHeadDim == 128 ? FLASHATTN_SM90_D128_BLOCK_N : kHeadDim < 128 ? 128 : 80;
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or one V stage

@@ -9,5 +9,5 @@ NVCC=/usr/local/cuda/bin/nvcc
 FLAGS="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc -Xcompiler -fPIC -Xptxas -v $SM90_EXTRA_FLAGS"
 one() { n=$(basename "$1" .cu); $NVCC $FLAGS -c "$1" -o $B/obj/$n.o > $B/obj/$n.log 2>&1 || { cat $B/obj/$n.log; return 1; }; }
 export -f one; export NVCC FLAGS B
-ls src/cuda/sm90/sm90.cu src/cuda/inst/sm90_fwd_*.cu bench/sm90_shim.cu | xargs -P 2 -I{} bash -c 'one {}'
+ls src/cuda/sm90/sm90.cu src/cuda/inst/sm90_fwd_*.cu bench/sm90_shim.cu | xargs -P ${SM90_JOBS:-2} -I{} bash -c 'one {}'
 $NVCC -shared -gencode arch=compute_90a,code=sm_90a $B/obj/*.o -o $B/libfa_sm90.so

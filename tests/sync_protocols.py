@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Exhaustive interleaving check of the named-barrier protocols between the consumer warpgroups of
 the Hopper kernels (src/cuda/sm90): the ping-pong turns of the forward (mainloop.cuh turn_begin /
-turn_end, kernel_fwd.cuh) and of the backward (kernel_bwd.cuh, barriers 4/5; one tile per CTA).
-No GPU needed; run by CTest.
+turn_end, kernel_fwd.cuh) and of the backward (kernel_bwd.cuh, barriers 4/5), and the backward's
+summed-dQ hand-off (barriers 6/7). No GPU needed; run by CTest.
 
 Each warpgroup is modelled as its sequence of ('arrive', id) / ('sync', id) operations (128
 threads each, bar.arrive / bar.sync with 256 threads). A barrier phase completes when two
@@ -112,15 +112,15 @@ def forward_seq(w, n_wgs, tiles_blocks, per_tile_restart=False):
 
 def main():
     fails = 0
-    # Backward: one tile per CTA, its steps; ping-pong on (d64) or off.
-    for tiles in [(1,), (2,), (3,), (0,)]:
-        for pp in (False, True):
-            err = check([backward_seq(g, tiles, pp, False) for g in (0, 1)])
-            print(f"backward steps={tiles[0]} pingpong={pp}: {err or 'ok'}")
+    # Backward: per CTA, the steps of each of its tiles (0 = a causal key tile no query sees).
+    for tiles in [(1,), (2,), (3,), (1, 1), (2, 0, 1), (0, 2), (1, 2, 1), (0,)]:
+        for pp, sd in itertools.product((False, True), repeat=2):
+            err = check([backward_seq(g, tiles, pp, sd) for g in (0, 1)])
+            print(f"backward tiles={tiles} pingpong={pp} sum_dq={sd}: {err or 'ok'}")
             fails += err is not None
-    # Forward: per CTA, the key blocks of each of its tiles, 2 consumer warpgroups. The rotation
-    # restarted at every tile (the first version) must be caught slipping.
-    for n_wgs in (2,):
+    # Forward: per CTA, the key blocks of each of its tiles, 2 or 3 consumer warpgroups. The
+    # rotation restarted at every tile (the first version) must be caught slipping.
+    for n_wgs in (2, 3):
         for tiles in [(1,), (2,), (1, 1), (2, 0, 1), (0, 1, 2)]:
             for restart in (False, True):
                 err = check([forward_seq(w, n_wgs, tiles, restart) for w in range(n_wgs)])

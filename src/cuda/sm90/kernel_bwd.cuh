@@ -365,9 +365,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           if (it > 0) ptx::named_bar_sync(7, 256);
 #pragma unroll
           for (int r = 0; r < 32; r += 2) {
-            const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-            const int col = 8 * (r >> 2) + 2 * (lane % 4);
-            *reinterpret_cast<float2*>(stage_dq + row * 64 + col) = make_float2(acc_dq[r], acc_dq[r + 1]);
+            *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
           }
           __threadfence_block();
           ptx::named_bar_arrive(6, 256);
@@ -375,9 +373,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           ptx::named_bar_sync(6, 256);
 #pragma unroll
           for (int r = 0; r < 32; r += 2) {
-            const int row = 16 * (t / 32) + lane / 4 + 8 * ((r >> 1) & 1);
-            const int col = 8 * (r >> 2) + 2 * (lane % 4);
-            float2* p = reinterpret_cast<float2*>(stage_dq + row * 64 + col);
+            float2* p = reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r));
             const float2 v = *p;
             *p = make_float2(v.x + acc_dq[r], v.y + acc_dq[r + 1]);
           }

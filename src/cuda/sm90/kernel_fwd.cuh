@@ -15,10 +15,10 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, bool kF16, bool kCausal>
-__global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads, 1)
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdArgs a) {
-  using Tile = FwdTile<kHeadDim>;
+  using Tile = FwdTile<kHeadDim, kBlockM>;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   const TileScheduler<kCausal> sched(a);
@@ -67,11 +67,11 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim>::kThreads, 1)
   }
 }
 
-// Host side: launches fwd_kernel for one (head_dim, dtype, causal); args already encoded.
-template <int kHeadDim, bool kF16, bool kCausal>
-cudaError_t launch_fwd(const FwdArgs& args, cudaStream_t stream) {
-  using Tile = FwdTile<kHeadDim>;
-  auto kernel = fwd_kernel<kHeadDim, kF16, kCausal>;
+// Host side: launches fwd_kernel for one (head_dim, query tile, dtype, causal); args encoded.
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
+cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
+  using Tile = FwdTile<kHeadDim, kBlockM>;
+  auto kernel = fwd_kernel<kHeadDim, kBlockM, kF16, kCausal>;
   constexpr int smem = Smem<Tile>::kBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -84,6 +84,15 @@ cudaError_t launch_fwd(const FwdArgs& args, cudaStream_t stream) {
   a.sched = sched_mode(kCausal, 4LL * a.seqlen_k * kHeadDim, tiles < sms ? tiles : sms, l2);
   kernel<<<grid_size(a.sched, tiles, sms), Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
+}
+
+// The query tile was chosen on the host (fwd_block_m; FwdArgs::block_m, the Q map's box).
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64)
+    if (a.block_m == 192) return launch_fwd_tile<kHeadDim, 192, kF16, kCausal>(a, stream);
+  if (a.block_m != 128) return cudaErrorInvalidValue;
+  return launch_fwd_tile<kHeadDim, 128, kF16, kCausal>(a, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

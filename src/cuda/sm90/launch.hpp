@@ -14,6 +14,7 @@ struct FwdArgs {
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
   float scale_log2;                      // scale · log2(e)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
+  int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
   int sched;                             // SchedMode (scheduler.cuh), set by launch_fwd
 };
 

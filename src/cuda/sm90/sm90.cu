@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -79,6 +80,16 @@ bool strides_ok(const detail::TensorRef& t) {  // TMA: global strides multiple o
 }
 
 namespace {
+// fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
+int fwd_block_m_for(const detail::Params& p) {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_FWD_BLOCK_M");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
+  return fwd_block_m(int(p.head_dim), p.causal, p.seqlen_q, p.seqlen_k);
+}
+
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
@@ -107,7 +118,7 @@ void forward(const detail::Params& p) {
   if (!supports(p)) throw Error("flashattn sm90 forward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
-  const int block_m = d == 64 ? FwdTile<64>::kBlockM : d == 128 ? FwdTile<128>::kBlockM : FwdTile<256>::kBlockM;
+  const int block_m = fwd_block_m_for(p);
   const int block_n = d == 64 ? FwdTile<64>::kBlockN : d == 128 ? FwdTile<128>::kBlockN : FwdTile<256>::kBlockN;
   FwdArgs a{};
   a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
@@ -125,6 +136,7 @@ void forward(const detail::Params& p) {
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);  // folded once, here
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
+  a.block_m = block_m;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
   switch (d) {

@@ -22,17 +22,23 @@
 #ifndef FLASHATTN_SM90_D128_BLOCK_N
 #define FLASHATTN_SM90_D128_BLOCK_N 128
 #endif
-// Experiment knob for the d64 query tile: 128 (2 consumer warpgroups) or 192 (3, FA3's choice;
-// setmaxnreg 32/160: 128·32 + 384·160 = 65536). Not yet measured (docs/hopper-kernels.md).
-#ifndef FLASHATTN_SM90_D64_BLOCK_M
-#define FLASHATTN_SM90_D64_BLOCK_M 128
-#endif
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim>
+// The query tile: 128 rows (2 consumer warpgroups), or at d64 192 rows (3 warpgroups, FA3's choice,
+// setmaxnreg 32/160: 128·32 + 384·160 = 65536). At d64 the exponentials cost as many cycles as the
+// GEMMs (docs/perf-log.md), so a third warpgroup's softmax hides behind two others' GEMMs: measured
+// on the H200 +11–18 % non-causal, causal +6–12 % at N >= 2048 but −6–9 % at N = 512/1024 (more of
+// a 192-row diagonal tile is masked work, and short causal grids have fewer tiles to balance).
+inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long seqlen_k) {
+  if (head_dim != 64) return 128;
+  return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
+}
+
+template <int kHeadDim, int kBlockM_ = 128>
 struct FwdTile {
-  static constexpr int kBlockM = kHeadDim == 64 ? FLASHATTN_SM90_D64_BLOCK_M : 128;  // 64 rows per consumer WG
+  static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
+  static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "query tile 128, or 192 at d64");
   static constexpr int kBlockN = kHeadDim == 128 ? FLASHATTN_SM90_D128_BLOCK_N : kHeadDim < 128 ? 128 : 80;
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row

@@ -185,6 +185,8 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 500, 500, 4, 4, 128, {"mult": 10.0}),
     (torch.bfloat16, 1, 500, 500, 4, 4, 64, {"mult": 30.0, "causal": True}),
     (torch.float16, 1, 128, 64, 4, 4, 64, {"causal": True, "wl": 0}),
+    (torch.float16, 1, 700, 300, 4, 2, 256, {"causal": True}),  # d256 Hopper bwd: masked rows, GQA
+    (torch.bfloat16, 2, 1100, 1100, 4, 4, 256, {"mult": 10.0}),
 ]
 
 

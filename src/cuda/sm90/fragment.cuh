@@ -25,6 +25,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The inverse of pack2.
+template <bool kF16>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (kF16) return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
 // An m64 accumulator (64 × 16·kSteps) as the register A operand of the next wgmma, k16 slice s in
 // a[s]: the layouts line up, so no shuffles (§1.4).
 template <bool kF16, int kSteps>

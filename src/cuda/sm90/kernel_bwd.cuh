@@ -427,12 +427,24 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 }
 
 }  // namespace bwd
+}  // namespace flashattn::cuda::sm90
+
+#include "cuda/sm90/kernel_bwd_wide.cuh"
+
+namespace flashattn::cuda::sm90 {
 
 template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using Tile = BwdTile<kHeadDim>;
-  auto kernel = bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
-  constexpr int smem = bwd::Smem<Tile>::kBytes;
+  constexpr bool kWide = kHeadDim == 256;
+  auto kernel = [] {
+    if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
+    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
+  }();
+  constexpr int smem = [] {
+    if constexpr (kWide) return bwd::WideSmem::kBytes;
+    else return bwd::Smem<Tile>::kBytes;
+  }();
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);

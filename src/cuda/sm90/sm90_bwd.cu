@@ -44,7 +44,7 @@ bool dk_dv_ok(const detail::TensorRef& t) {  // 4-byte stores of element pairs
 
 bool supports_backward(const detail::Params& p) {
   if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
-  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.varlen() || p.softcap != 0.f || p.window_left >= 0) return false;
@@ -63,8 +63,9 @@ void backward(const detail::Params& p) {
   if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
-  const int block_m = d == 64 ? BwdTile<64>::kBlockM : BwdTile<128>::kBlockM;
-  const int block_n = BwdTile<64>::kBlockN;
+  const int block_m = BwdTile<64>::kBlockM;  // 64 at every head dim (dq_accum's 64-row blocks)
+  static_assert(BwdTile<128>::kBlockM == 64 && BwdTile<256>::kBlockM == 64, "one query tile");
+  const int block_n = d == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   const int m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   const int m_pad = m_blocks * block_m;
@@ -115,8 +116,9 @@ void backward(const detail::Params& p) {
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   a.grid = int((a.flags & kBwdPersistent) && tiles > sms ? sms : tiles);
-  cudaError_t e = d == 64 ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
-                          : (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s));
+  cudaError_t e = d == 64    ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
+                   : d == 128 ? (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s))
+                              : (f16 ? launch_b<256, true>(a, p, s) : launch_b<256, false>(a, p, s));
   if (e != cudaSuccess) fail("backward kernel launch", e);
 
   ConvertArgs ca{};

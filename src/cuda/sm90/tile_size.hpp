@@ -89,4 +89,33 @@ struct BwdTile {
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };
 
+// Backward at head dim 256 (kernel_bwd_wide.cuh): dK and dV of 64 keys × 256 would need 256
+// registers per thread in one warpgroup, so the two consumer warpgroups split the head dim instead:
+// warpgroup g holds dK and dV columns 128g..128g+127 of all kBlockN = 64 keys (64 + 64 registers).
+// Sᵀ and dPᵀ (64 × 64 each, K = 256) are split by GEMM: warpgroup 0 computes Sᵀ and Pᵀ, warpgroup
+// 1 computes dPᵀ and then dSᵀ from the Pᵀ that warpgroup 0 left in smem; both then run their halves
+// of dV, dK and dQ.
+//   registers: dK + dV 128, Sᵀ or dPᵀ 32, P as an A operand 16, dQ half (m64n128) 64 — the Sᵀ/dPᵀ
+//   accumulator is dead before dQ is live: peak about 128 + 64 + 16.
+//   smem: K, V 32 KiB each; Q 2 stages of 32 KiB; dO 1 stage of 32 KiB (released as soon as both
+//   dV GEMMs finish, mid-step); Pᵀ/dSᵀ 8 KiB (dSᵀ overwrites Pᵀ in place) double-buffered; one
+//   fp32 64 × 64 dQ staging block per warpgroup (16 KiB; each warpgroup reduces two per step):
+//   64 + 64 + 32 + 16 + 32 = 208 KiB. (A second dO stage would leave no room for dQ staging.)
+template <>
+struct BwdTile<256> {
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kBlockN = 64;   // keys per CTA
+  static constexpr int kStages = 2;    // Q stages (dO: one)
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kKVBytes = kBlockN * 256 * 2;
+  static constexpr int kQBytes = kBlockM * 256 * 2;       // one Q or one dO stage
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one Pᵀ/dSᵀ buffer
+  static constexpr int kDqStageBytes = 64 * 64 * 4;
+  static constexpr int kSmemBytes = 2 * kKVBytes + (kStages + 1) * kQBytes + 2 * kDSBytes + 2 * kDqStageBytes;
+  static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
+};
+
 }  // namespace flashattn::cuda::sm90

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/scratch.hpp"
+#include "cuda/common/scratch_pool.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::cuda {
@@ -23,12 +24,13 @@ inline void check_cublas(cublasStatus_t s, const char* what) {
 // After a kernel launch: configuration errors appear here, asynchronous faults at the next sync.
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
-// Stream-ordered device scratch memory, freed on scope exit (also when an Error unwinds).
+// Stream-ordered device scratch memory from the scratch pool (scratch_pool.hpp), freed on scope
+// exit (also when an Error unwinds).
 class DeviceScratch {
  public:
   DeviceScratch(size_t bytes, cudaStream_t stream) : stream_(stream), bytes_(bytes) {
     if (!bytes) return;
-    check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+    check_cuda(scratch_malloc(&ptr_, bytes, stream), "cudaMallocFromPoolAsync (scratch)");
     detail::count_alloc(detail::device_scratch_counter(), int64_t(bytes));
   }
   ~DeviceScratch() {

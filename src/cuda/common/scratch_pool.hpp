@@ -1,0 +1,65 @@
+// The memory pool the CUDA backend's scratch buffers come from (DeviceScratch, the Hopper tile
+// counter). Header-only, so the standalone Hopper objects (bench/sm90_build.sh) can use it too.
+//
+// Why not the device's default pool: its release threshold is 0, so every synchronization (an
+// event or stream sync between training steps, or between timed calls) hands the scratch back to
+// the driver, and the next call maps it again — measured on the H200 as a fixed cost per backward
+// call that dominated short sequences (docs/perf-log.md, session 3). This pool keeps up to
+// FLASHATTN_CUDA_SCRATCH_CACHE bytes (default 1 GiB; 0 = release at every synchronization) mapped
+// between calls, the way PyTorch's caching allocator does; the rest is released as before.
+// The scratch counters (core/scratch.hpp) count live buffers, not what the pool keeps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+
+namespace flashattn::cuda {
+
+inline uint64_t scratch_cache_bytes() {
+  static const uint64_t bytes = [] {
+    const char* v = std::getenv("FLASHATTN_CUDA_SCRATCH_CACHE");
+    return v && *v ? uint64_t(std::strtoull(v, nullptr, 10)) : uint64_t(1) << 30;
+  }();
+  return bytes;
+}
+
+// The pool of `device`, created on first use; nullptr if the driver cannot create one (then the
+// callers use cudaMallocAsync's default pool).
+inline cudaMemPool_t scratch_pool(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  static bool tried[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!tried[device]) {
+    tried[device] = true;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    if (cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
+      uint64_t keep = scratch_cache_bytes();
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      pools[device] = pool;
+    } else {
+      cudaGetLastError();
+    }
+  }
+  return pools[device];
+}
+
+// Stream-ordered allocation from the current device's scratch pool.
+inline cudaError_t scratch_malloc(void** ptr, size_t bytes, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  cudaMemPool_t pool = scratch_pool(device);
+  return pool ? cudaMallocFromPoolAsync(ptr, bytes, pool, stream) : cudaMallocAsync(ptr, bytes, stream);
+}
+
+}  // namespace flashattn::cuda

@@ -5,6 +5,9 @@ on the FlashAttention grid's shapes, one process per variant, bf16, TFLOP/s (2.5
     python3 bench/bwd_variants.py --lib build-gpu/libflashattn_torch_shim.so --flags 0,1,2,3 \
         --dims 64,128 --seqlens 512,2048,8192
 
+--var NAME varies another environment variable instead (its values in --flags), e.g.
+--var FLASHATTN_CUDA_SCRATCH_CACHE --flags 0,1073741824.
+
 Variants that drop work (flag 4: no dQ atomics) give wrong gradients on purpose: they only show
 what the dropped part costs. The comparison with PyTorch lives in compare_torch.py --bench.
 """
@@ -38,7 +41,8 @@ def child(lib_path, dims, seqlens, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
-    ap.add_argument("--flags", default="0,1,2,3")
+    ap.add_argument("--flags", default="0,1,2,3", help="values of --var, one process each")
+    ap.add_argument("--var", default="FLASHATTN_SM90_BWD_FLAGS")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--seqlens", default="512,2048,8192")
     ap.add_argument("--reps", type=int, default=10)
@@ -51,20 +55,20 @@ def main():
         return
     table = {}
     for f in a.flags.split(","):
-        env = dict(os.environ, FLASHATTN_SM90_BWD_FLAGS=f)
+        env = dict(os.environ, **{a.var: f})
         r = subprocess.run([sys.executable, __file__, "--child", "--lib", a.lib, "--dims", a.dims, "--seqlens",
                             a.seqlens, "--reps", str(a.reps)], env=env, capture_output=True, text=True)
         if r.returncode != 0:
-            print(f"flags {f}: FAILED\n{r.stderr[-2000:]}", flush=True)
+            print(f"{a.var}={f}: FAILED\n{r.stderr[-2000:]}", flush=True)
             continue
         for line in r.stdout.splitlines():
             key, val = line.rsplit(":", 1)
             table.setdefault(key, {})[f] = float(val)
     flags = a.flags.split(",")
-    print("backward TFLOP/s by FLASHATTN_SM90_BWD_FLAGS")
-    print(f"{'config':22s}" + "".join(f"{'flags ' + f:>10s}" for f in flags))
+    print(f"backward TFLOP/s by {a.var}")
+    print(f"{'config':22s}" + "".join(f"{f:>12s}" for f in flags))
     for key, row in table.items():
-        print(f"{key:22s}" + "".join(f"{row.get(f, float('nan')):10.1f}" for f in flags))
+        print(f"{key:22s}" + "".join(f"{row.get(f, float('nan')):12.1f}" for f in flags))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ masked rows must give O = 0 and LSE = -inf.
 Speed: ours vs PyTorch SDPA's cuDNN and flash backends in the same process, CUDA events, median,
 on the FlashAttention grid (batch*seqlen = 16384, heads*head_dim = 2048).
 
-usage: python3 bench/sm90_check.py [--lib build-sm90/libfa_sm90.so] [--no-bench] [--quick]
+usage: python3 bench/sm90_check.py [--lib build-sm90/libfa_sm90.so] [--no-bench] [--quick] [--causal-only]
+Tile schedules (src/cuda/sm90/scheduler.cuh) are compared by running it once per
+FLASHATTN_SM90_FWD_SCHED=dynamic|static|one|snake (read once per process); --causal-only skips the
+non-causal timings, which the causal schedules do not change.
 """
 import argparse
 import ctypes
@@ -128,10 +131,10 @@ def time_ms(fn, reps=20, warmup=3):
     return statistics.median(a.elapsed_time(b) for a, b in ev)
 
 
-def bench(dtype, dims, seqlens, out_rows):
+def bench(dtype, dims, seqlens, out_rows, causal_modes=(False, True)):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for D in dims:
-        for causal in (False, True):
+        for causal in causal_modes:
             for N in seqlens:
                 B, H = 16384 // N, 2048 // D
                 q, k, v = (torch.randn(B, N, H, D, device="cuda", dtype=dtype) for _ in range(3))
@@ -167,6 +170,7 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--causal-only", action="store_true", help="time only causal attention")
     args = ap.parse_args()
     LIB = load_lib(args.lib)
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -175,7 +179,8 @@ def main():
     shapes = [(2, 113, 203, 4, 4), (1, 1, 239, 8, 1), (2, 799, 3, 4, 4), (1, 1023, 1024, 4, 2),
               (3, 257, 511, 6, 2), (1, 2048, 2048, 2, 2), (2, 128, 128, 2, 2),
               (4, 1000, 1000, 16, 4), (64, 1, 300, 8, 8),  # > 132 tiles: several per persistent CTA
-              (16, 600, 100, 8, 8)]  # causal: persistent CTAs that also meet fully masked tiles
+              (16, 600, 100, 8, 8),  # causal: persistent CTAs that also meet fully masked tiles
+              (4, 1000, 16384, 6, 3)]  # long keys: kDynamic's L2 head groups (d64: one partial)
     if args.quick:
         shapes = shapes[:3]
     n_fail = n = 0
@@ -187,11 +192,13 @@ def main():
                     n_fail += not check(dtype, D, causal, *sh)
                 n += 1
                 n_fail += not check(dtype, D, causal, 2, 300, 300, 4, 4, layout="qkv_packed")
-    print(f"correctness: {n - n_fail}/{n} passed", flush=True)
+    print(f"correctness: {n - n_fail}/{n} passed (FLASHATTN_SM90_FWD_SCHED="
+          f"{os.environ.get('FLASHATTN_SM90_FWD_SCHED', 'default')})", flush=True)
     if args.no_bench or n_fail:
         return 1 if n_fail else 0
     rows = []
-    bench(torch.bfloat16, dims, [512, 1024, 2048, 4096, 8192, 16384], rows)
+    bench(torch.bfloat16, dims, [512, 1024, 2048, 4096, 8192, 16384], rows,
+          (True,) if args.causal_only else (False, True))
     print("\n  d  causal     N   ours  cudnn    fa2  ours/cudnn  ours/fa2   (bf16 TFLOP/s)")
     for D, c, N, a, b, f, r1, r2, _ in rows:
         print(f"{D:3d}  {'yes' if c else 'no ':6s} {N:5d}  {a:5.0f}  {b:5.0f}  {f:5.0f}      {r1:5.2f}    {r2:5.2f}")

@@ -6,7 +6,8 @@ on the FlashAttention grid's shapes, one process per variant, bf16, TFLOP/s (2.5
         --dims 64,128 --seqlens 512,2048,8192
 
 --var NAME varies another environment variable instead (its values in --flags), e.g.
---var FLASHATTN_CUDA_SCRATCH_CACHE --flags 0,1073741824.
+--var FLASHATTN_CUDA_SCRATCH_CACHE --flags 0,1073741824; --fwd times the forward instead (4 x FLOPs),
+e.g. --fwd --var FLASHATTN_SM90_FWD_SCHED --flags static,dynamic.
 
 Variants that drop work (flag 4: no dQ atomics) give wrong gradients on purpose: they only show
 what the dropped part costs. The comparison with PyTorch lives in compare_torch.py --bench.
@@ -17,7 +18,7 @@ import subprocess
 import sys
 
 
-def child(lib_path, dims, seqlens, reps):
+def child(lib_path, dims, seqlens, reps, fwd=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,8 +34,11 @@ def child(lib_path, dims, seqlens, reps):
                 o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
                 lib.forward(q, k, v, o, l, causal=causal)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
-                ms = median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), reps)
-                flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                if fwd:
+                    ms = median_ms(lambda: lib.forward(q, k, v, o, l, causal=causal), reps)
+                else:
+                    ms = median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), reps)
+                flops = (1.0 if fwd else 2.5) * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
                 print(f"d{d} {'causal' if causal else 'full'} N={n}: {flops / ms / 1e9:.1f}", flush=True)
 
 
@@ -47,17 +51,18 @@ def main():
     ap.add_argument("--seqlens", default="512,2048,8192")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--fwd", action="store_true", help="time the forward, not the backward")
     a = ap.parse_args()
     dims = [int(x) for x in a.dims.split(",")]
     seqlens = [int(x) for x in a.seqlens.split(",")]
     if a.child:
-        child(a.lib, dims, seqlens, a.reps)
+        child(a.lib, dims, seqlens, a.reps, a.fwd)
         return
     table = {}
     for f in a.flags.split(","):
         env = dict(os.environ, **{a.var: f})
         r = subprocess.run([sys.executable, __file__, "--child", "--lib", a.lib, "--dims", a.dims, "--seqlens",
-                            a.seqlens, "--reps", str(a.reps)], env=env, capture_output=True, text=True)
+                            a.seqlens, "--reps", str(a.reps)] + (["--fwd"] if a.fwd else []), env=env, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{a.var}={f}: FAILED\n{r.stderr[-2000:]}", flush=True)
             continue
@@ -65,7 +70,7 @@ def main():
             key, val = line.rsplit(":", 1)
             table.setdefault(key, {})[f] = float(val)
     flags = a.flags.split(",")
-    print(f"backward TFLOP/s by {a.var}")
+    print(f"{'forward' if a.fwd else 'backward'} TFLOP/s by {a.var}")
     print(f"{'config':22s}" + "".join(f"{f:>12s}" for f in flags))
     for key, row in table.items():
         print(f"{key:22s}" + "".join(f"{row.get(f, float('nan')):12.1f}" for f in flags))

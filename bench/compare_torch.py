@@ -187,6 +187,10 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 128, 64, 4, 4, 64, {"causal": True, "wl": 0}),
     (torch.float16, 1, 700, 300, 4, 2, 256, {"causal": True}),  # d256 Hopper bwd: masked rows, GQA
     (torch.bfloat16, 2, 1100, 1100, 4, 4, 256, {"mult": 10.0}),
+    # more Hopper forward tiles than SMs: the causal dynamic schedule (CTAs run several tiles)
+    (torch.bfloat16, 4, 1000, 1000, 16, 4, 128, {"causal": True}),
+    (torch.bfloat16, 2, 2048, 2048, 8, 8, 64, {"causal": True}),  # d64 192-row tiles
+    (torch.float16, 2, 1500, 700, 16, 16, 256, {"causal": True}),  # fully masked tiles too
 ]
 
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/common/scratch_pool.hpp"
 #include "cuda/sm90/host.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/scheduler.cuh"
@@ -179,12 +180,13 @@ void forward(const detail::Params& p) {
   choose_schedule(a, p.causal, d);
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   // kDynamic's tile counter: a zeroed int of this call's own, allocated, cleared and freed in
-  // stream order on the call's stream, so calls on other streams never share one. (sm90.cu is also
-  // built alone by bench/sm90_build.sh: no library allocator here.)
+  // stream order on the call's stream, so calls on other streams never share one; from the scratch
+  // pool (header-only, so bench/sm90_build.sh still builds sm90.cu alone), which keeps its memory
+  // mapped across synchronizations.
   cudaError_t e = cudaSuccess;
   if (a.sched == kDynamic) {
     void* counter = nullptr;
-    if ((e = cudaMallocAsync(&counter, sizeof(int), s)) != cudaSuccess) fail("tile counter allocation", e);
+    if ((e = scratch_malloc(&counter, sizeof(int), s)) != cudaSuccess) fail("tile counter allocation", e);
     a.tile_counter = static_cast<int*>(counter);
     if ((e = cudaMemsetAsync(counter, 0, sizeof(int), s)) != cudaSuccess) {
       cudaFreeAsync(counter, s);

@@ -15,10 +15,7 @@ struct FwdArgs {
   float scale_log2;                      // scale · log2(e)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
   int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
-  int sched;                             // SchedMode (scheduler.cuh), chosen in sm90.cu
-  int grid;                              // CTAs (scheduler.cuh, grid_size)
-  int group_heads;                       // kDynamic: (batch, head) pairs per L2 group
-  int* tile_counter;                     // kDynamic: zeroed device int, one per call (sm90.cu)
+  int sched;                             // SchedMode (scheduler.cuh), set by launch_fwd
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ

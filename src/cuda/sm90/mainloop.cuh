@@ -6,8 +6,7 @@
 //   sK[s], sV[s]  (kBlockN, D)       chunk c at + c·kBlockN·128
 //   sO  (kBlockM, D)                 like sQ (Tile::kSeparateO), else sO = sQ
 // Barriers (hopper-sm90.md §4): full_q/empty_q; per stage full_k/empty_k, full_v/empty_v. K and V
-// have separate barriers so S = Q·Kᵀ of a tile can start before its V has landed. The tile
-// hand-off from the producer thread to the consumers (TileHandoff, scheduler.cuh) sits after them.
+// have separate barriers so S = Q·Kᵀ of a tile can start before its V has landed.
 // A CTA may process several tiles (persistent grid, scheduler.cuh): the K/V ring position `kv_it`
 // and the count of Q loads continue across tiles on both sides, so the producer prefetches the
 // next tile's K/V while the consumers finish the current one. The next Q load waits on empty_q:
@@ -23,7 +22,6 @@
 #include "cuda/sm90/fragment.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
-#include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_size.hpp"
 #include "cuda/sm90/wgmma.cuh"
@@ -43,7 +41,6 @@ struct Smem {
   uint64_t* empty_k;
   uint64_t* full_v;
   uint64_t* empty_v;
-  TileHandoff handoff;  // tiles, producer thread -> consumer warps (every schedule, scheduler.cuh)
 
   __device__ static Smem carve(uint8_t* raw) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
@@ -59,11 +56,9 @@ struct Smem {
     s.empty_k = s.full_k + Tile::kStages;
     s.full_v = s.empty_k + Tile::kStages;
     s.empty_v = s.full_v + Tile::kStages;
-    static_assert(8 * (2 + 4 * Tile::kStages) % 16 == 0, "the hand-off's 16-byte slots need 16-byte alignment");
-    s.handoff = TileHandoff::carve(reinterpret_cast<uint8_t*>(s.empty_v + Tile::kStages));
     return s;
   }
-  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 4 * Tile::kStages) + TileHandoff::kBytes;
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 4 * Tile::kStages);
 
   __device__ void init_barriers() {
     ptx::mbar_init(full_q, 1);
@@ -74,7 +69,6 @@ struct Smem {
       ptx::mbar_init(empty_k + s, Tile::kConsumerWGs);  // one arrival per consumer warpgroup
       ptx::mbar_init(empty_v + s, Tile::kConsumerWGs);
     }
-    handoff.init(4 * Tile::kConsumerWGs);  // one arrival per consumer warp
     ptx::fence_barrier_init();
   }
 };
@@ -179,31 +173,24 @@ struct Consumer {
 
   // Ping-pong between the consumer warpgroups (FA3 warp scheduler barriers, §4): a warpgroup
   // issues its GEMMs only on its turn, so one warpgroup's softmax overlaps the others' GEMMs. Turns
-  // rotate 0 → 1 → … → kConsumerWGs − 1 → 0 over the CTA's whole life, and every turn hands over
-  // to the next warpgroup. The two ends are balanced in the kernel (kernel_fwd.cuh): warpgroup 0
-  // gives itself the first turn when the CTA starts (cta_begin) and, when the CTA has no tile left,
-  // takes the turn the last warpgroup handed over last (cta_end) — a CTA that never learns in
-  // advance which tile is its last (kDynamic) needs exactly that. (Restarting the rotation at
-  // every tile would let warpgroup 0 arrive twice on warpgroup 1's barrier — its last turn of one
-  // tile and its first of the next — before warpgroup 1 waits there, and the two would deadlock.)
-  // Barrier ids: 1 … kConsumerWGs are the per-warpgroup epilogue barriers, the turn barriers follow.
-  // The protocol is model-checked over every interleaving by tests/sync_protocols.py.
+  // rotate 0 → 1 → … → kConsumerWGs − 1 → 0 over the CTA's whole life: warpgroup 0 takes the very
+  // first turn and the last warpgroup of the rotation skips only its very last hand-off.
+  // (Restarting the rotation at every tile would let warpgroup 0 arrive twice on warpgroup 1's
+  // barrier — its last turn of one tile and its first of the next — before warpgroup 1 waits
+  // there, and the two would deadlock.) Barrier ids: 1 … kConsumerWGs are the per-warpgroup
+  // epilogue barriers, the turn barriers follow.
   static constexpr int kSchedBar = 1 + Tile::kConsumerWGs;
   __device__ __forceinline__ static void turn_begin(int wg) { ptx::named_bar_sync(kSchedBar + wg, 256); }
-  __device__ __forceinline__ static void turn_end(int wg) {
-    ptx::named_bar_arrive(kSchedBar + (wg + 1) % Tile::kConsumerWGs, 256);
-  }
-  __device__ __forceinline__ static void cta_begin(int wg) {
-    if (wg == 0) ptx::named_bar_arrive(kSchedBar + 0, 256);
-  }
-  __device__ __forceinline__ static void cta_end(int wg) {
-    if (wg == 0) ptx::named_bar_sync(kSchedBar + 0, 256);
+  __device__ __forceinline__ static void turn_end(int wg, bool last) {
+    if (!(last && wg == Tile::kConsumerWGs - 1))  // keep arrivals balanced
+      ptx::named_bar_arrive(kSchedBar + (wg + 1) % Tile::kConsumerWGs, 256);
   }
 
   // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued
   // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
+  // first_of_cta / last_of_cta: this is the CTA's first / last tile that has any key block.
   __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
-                                      int n_blocks) {
+                                      int n_blocks, bool first_of_cta, bool last_of_cta) {
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) acc_o[r] = 0.f;
     if (n_blocks == 0) return;
@@ -224,6 +211,7 @@ struct Consumer {
     uint32_t p[kPSteps][4];
     float rescale[2];
 
+    if (wg == 0 && first_of_cta) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 goes first
     ptx::mbar_wait(sm.full_q, q_phase);
 
     // Prologue: tile 0 (the last key tile, n = n_blocks - 1).
@@ -231,7 +219,7 @@ struct Consumer {
     ptx::mbar_wait(sm.full_k + stage0, (it0 / Tile::kStages) & 1);
     turn_begin(wg);
     issue_qk(acc_s, q_base, k_base + stage0 * Tile::kKVBytes);
-    turn_end(wg);
+    turn_end(wg, false);
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc_s);
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
@@ -252,7 +240,7 @@ struct Consumer {
       turn_begin(wg);
       issue_qk(acc_s, q_base, k_base + stage * Tile::kKVBytes);
       issue_pv(p, v_base + prev * Tile::kKVBytes);
-      turn_end(wg);
+      turn_end(wg, false);
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
@@ -273,7 +261,7 @@ struct Consumer {
     ptx::mbar_wait(sm.full_v + last, ((it0 + n_blocks - 1) / Tile::kStages) & 1);
     turn_begin(wg);
     issue_pv(p, v_base + last * Tile::kKVBytes);
-    turn_end(wg);
+    turn_end(wg, last_of_cta);
     ptx::wgmma_wait<0>();
     ptx::fence_operand(acc_o);
     if (t == 0) ptx::mbar_arrive(sm.empty_v + last);

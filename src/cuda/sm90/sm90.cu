@@ -11,10 +11,8 @@
 #include <mutex>
 #include <string>
 
-#include "cuda/common/scratch_pool.hpp"
 #include "cuda/sm90/host.hpp"
 #include "cuda/sm90/launch.hpp"
-#include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/tile_size.hpp"
 
 namespace flashattn::cuda::sm90 {
@@ -92,44 +90,6 @@ int fwd_block_m_for(const detail::Params& p) {
   return fwd_block_m(int(p.head_dim), p.causal, p.seqlen_q, p.seqlen_k);
 }
 
-// The tile schedule (scheduler.cuh): kStrided for non-causal, kDynamic for causal.
-// FLASHATTN_SM90_FWD_SCHED=strided|one|snake|dynamic forces one for measurements, `static` the
-// previous policy (causal: snake or one CTA per tile by L2 fit). forced_sched(): a SchedMode,
-// kSchedStatic, or -1 (unset: the default).
-constexpr int kSchedStatic = -2;
-int forced_sched() {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_FWD_SCHED");
-    const std::string s = v ? v : "";
-    return s == "strided"   ? int(kStrided)
-           : s == "one"     ? int(kOnePerCta)
-           : s == "snake"   ? int(kSnake)
-           : s == "dynamic" ? int(kDynamic)
-           : s == "static"  ? kSchedStatic
-                            : -1;
-  }();
-  return forced;
-}
-
-// Fills a.sched, a.grid and a.group_heads; the caller provides a.tile_counter for kDynamic.
-void choose_schedule(FwdArgs& a, bool causal, int head_dim) {
-  int dev = 0, sms = 0, l2 = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
-  if (e != cudaSuccess) fail("device attributes", e);
-  const int tiles = a.m_blocks * a.heads * a.batch;
-  const long long kv_bytes = 4LL * a.seqlen_k * head_dim;  // K and V of one KV head, 16-bit
-  const int forced = forced_sched();
-  int mode = forced >= 0 ? forced : causal ? int(kDynamic) : int(kStrided);
-  if (forced == kSchedStatic) mode = static_sched_mode(causal, kv_bytes, tiles < sms ? tiles : sms, l2);
-  // Every tile has its own CTA anyway: no counter (and no memset) needed.
-  if (mode == kDynamic && tiles <= sms) mode = kOnePerCta;
-  a.sched = mode;
-  a.grid = grid_size(mode, tiles, sms);
-  a.group_heads = dynamic_group_heads(kv_bytes, l2, a.group, a.heads * a.batch);
-}
-
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
@@ -177,30 +137,12 @@ void forward(const detail::Params& p) {
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   a.block_m = block_m;
-  choose_schedule(a, p.causal, d);
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
-  // kDynamic's tile counter: a zeroed int of this call's own, allocated, cleared and freed in
-  // stream order on the call's stream, so calls on other streams never share one; from the scratch
-  // pool (header-only, so bench/sm90_build.sh still builds sm90.cu alone), which keeps its memory
-  // mapped across synchronizations.
   cudaError_t e = cudaSuccess;
-  if (a.sched == kDynamic) {
-    void* counter = nullptr;
-    if ((e = scratch_malloc(&counter, sizeof(int), s)) != cudaSuccess) fail("tile counter allocation", e);
-    a.tile_counter = static_cast<int*>(counter);
-    if ((e = cudaMemsetAsync(counter, 0, sizeof(int), s)) != cudaSuccess) {
-      cudaFreeAsync(counter, s);
-      fail("tile counter memset", e);
-    }
-  }
   switch (d) {
     case 64: e = f16 ? launch<64, true>(a, p, s) : launch<64, false>(a, p, s); break;
     case 128: e = f16 ? launch<128, true>(a, p, s) : launch<128, false>(a, p, s); break;
     default: e = f16 ? launch<256, true>(a, p, s) : launch<256, false>(a, p, s); break;
-  }
-  if (a.tile_counter != nullptr) {
-    const cudaError_t ef = cudaFreeAsync(a.tile_counter, s);  // after the kernel, in stream order
-    if (e == cudaSuccess && ef != cudaSuccess) fail("tile counter free", ef);
   }
   if (e != cudaSuccess) fail("kernel launch", e);
 }

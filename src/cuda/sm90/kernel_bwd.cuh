@@ -110,7 +110,7 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   return c;
 }
 
-template <int kHeadDim, bool kF16, bool kCausal, bool kPrefetchStats = false>
+template <int kHeadDim, bool kF16, bool kCausal>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
@@ -198,27 +198,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     for (int r = 0; r < kDRegs; ++r) acc_dv[r] = acc_dk[r] = 0.f;
     const int key_row0 = n_block * kBlockN + 64 * g + 16 * (t / 32) + lane / 4;  // this thread's half-0 key
 
-    // LSE and D of step st's query columns (this thread's 8j + 2(lane % 4) + {0, 1}), from global
-    // memory (L2): the consumers read them with plain loads, so they never travel through the
-    // TMA-written stages. At d64 a step's GEMMs are too short to hide the L2 latency of these
-    // loads (ncu: long-scoreboard stalls first), so with kBwdPrefetchStats the next step's values
-    // are loaded one step ahead (a separate instantiation, chosen by the launcher).
-    constexpr bool prefetch = kPrefetchStats;
-    auto stat_row_of = [&](int st) {
-      const int head = head_kv * a.group + st / m_count, m = m_begin + st % m_count;
-      return (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
-    };
-    auto load_stats = [&](const float* src, long long row, float2(&out)[kBlockM / 8]) {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-        out[j] = __ldg(reinterpret_cast<const float2*>(src + row + 8 * j + 2 * (lane % 4)));
-    };
-    float2 lse_next[kBlockM / 8], dsum_next[kBlockM / 8];
-    if (prefetch && steps > 0) {  // (constexpr)
-      load_stats(a.lse_log2, stat_row_of(0), lse_next);
-      load_stats(a.dsum, stat_row_of(0), dsum_next);
-    }
-
     if (steps > 0) ptx::mbar_wait(sm.full_kv, kv_loads++ & 1);
     for (int st = 0; st < steps; ++st, ++it) {
       const bool last_step_of_cta = idx == last_work && st == steps - 1;
@@ -249,19 +228,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       issue_keys_x_queries(acc_dp, v_base, do_st);
       turn_end(false);
 
-      // LSE (now) and D (after Pᵀ) while the GEMMs run, or the values prefetched a step ago.
-      const long long stat_row = stat_row_of(st);
+      // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
+      // consumers read them with plain loads, so they never travel through the TMA-written stages.
+      const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
       float2 lse2[kBlockM / 8], dsum2[kBlockM / 8];
-      if constexpr (prefetch) {
 #pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) lse2[j] = lse_next[j], dsum2[j] = dsum_next[j];
-        if (st + 1 < steps) {
-          load_stats(a.lse_log2, stat_row_of(st + 1), lse_next);
-          load_stats(a.dsum, stat_row_of(st + 1), dsum_next);
-        }
-      } else {
-        load_stats(a.lse_log2, stat_row, lse2);
-      }
+      for (int j = 0; j < kBlockM / 8; ++j)
+        lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + stat_row + 8 * j + 2 * (lane % 4)));
 
       // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
       ptx::wgmma_wait<1>();
@@ -286,7 +259,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         }
       }
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
-      if constexpr (!prefetch) load_stats(a.dsum, stat_row, dsum2);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+        dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
       uint32_t p_a[kMSteps][4];
       acc_to_a<kF16>(acc_s, p_a);
 
@@ -462,11 +437,8 @@ template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using Tile = BwdTile<kHeadDim>;
   constexpr bool kWide = kHeadDim == 256;
-  auto kernel = [&] {
+  auto kernel = [] {
     if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
-    else if constexpr (kHeadDim == 64)
-      return (a.flags & kBwdPrefetchStats) ? bwd::bwd_kernel<kHeadDim, kF16, kCausal, true>
-                                           : bwd::bwd_kernel<kHeadDim, kF16, kCausal, false>;
     else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
   }();
   constexpr int smem = [] {

@@ -50,7 +50,6 @@ enum BwdFlags : int {
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
   kBwdSumDq = 16,      // d64: the two warpgroups' dQ partials summed in smem, one reduction per step
-  kBwdPrefetchStats = 32,  // d64: each step's LSE and D loaded one step ahead (ncu: L2 latency)
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Exhaustive interleaving check of the named-barrier protocols between the consumer warpgroups of
 the Hopper kernels (src/cuda/sm90): the ping-pong turns of the forward (mainloop.cuh turn_begin /
-turn_end, kernel_fwd.cuh) and of the backward (kernel_bwd.cuh, barriers 4/5), the backward's
-summed-dQ hand-off (barriers 6/7) and its dQ-warp hand-off (barriers 8..15: the producer
-warpgroup's second warp as a third party). No GPU needed; run by CTest.
+turn_end, kernel_fwd.cuh) and of the backward (kernel_bwd.cuh, barriers 4/5), and the backward's
+summed-dQ hand-off (barriers 6/7). No GPU needed; run by CTest.
 
 Each warpgroup is modelled as its sequence of ('arrive', id) / ('sync', id) operations (128
 threads each, bar.arrive / bar.sync with 256 threads). A barrier phase completes when two
@@ -65,15 +64,7 @@ def check(seqs):
     return explore(tuple(0 for _ in seqs), (), tuple(None for _ in seqs))
 
 
-def dq_full(g, b):
-    return 8 + 2 * g + b
-
-
-def dq_empty(g, b):
-    return 12 + 2 * g + b
-
-
-def backward_seq(g, tiles_steps, pingpong, sum_dq, dq_warp=False, skip_absorb=False):
+def backward_seq(g, tiles_steps, pingpong, sum_dq):
     ops = []
     total = sum(tiles_steps)
     if pingpong and g == 0 and total > 0:
@@ -97,22 +88,7 @@ def backward_seq(g, tiles_steps, pingpong, sum_dq, dq_warp=False, skip_absorb=Fa
                     ops.append(("sync", 6))
                     if not last:
                         ops.append(("arrive", 7))
-            if dq_warp:  # staging buffer it & 1: wait for its previous reduction, then hand it over
-                if it >= 2:
-                    ops.append(("sync", dq_empty(g, it & 1)))
-                ops.append(("arrive", dq_full(g, it & 1)))
             it += 1
-    if dq_warp and not skip_absorb:  # the last two hand-backs, which no later step waited for
-        ops += [("sync", dq_empty(g, j & 1)) for j in range(max(0, it - 2), it)]
-    return ops
-
-
-def dq_warp_seq(tiles_steps):
-    ops = []
-    for it in range(sum(tiles_steps)):
-        b = it & 1
-        ops += [("sync", dq_full(0, b)), ("sync", dq_full(1, b))]
-        ops += [("arrive", dq_empty(0, b)), ("arrive", dq_empty(1, b))]
     return ops
 
 
@@ -142,16 +118,6 @@ def main():
             err = check([backward_seq(g, tiles, pp, sd) for g in (0, 1)])
             print(f"backward tiles={tiles} pingpong={pp} sum_dq={sd}: {err or 'ok'}")
             fails += err is not None
-        # d64's dQ warp (kBwdDqWarp) with the ping-pong turns; without the consumers' final
-        # absorb the dQ warp's last hand-backs are left over (must fail).
-        for absorb in (True, False):
-            seqs = [backward_seq(g, tiles, True, False, True, not absorb) for g in (0, 1)] + [dq_warp_seq(tiles)]
-            err = check(seqs)
-            print(f"backward tiles={tiles} pingpong dq_warp{'' if absorb else ' no absorb (broken)'}: {err or 'ok'}")
-            if absorb:
-                fails += err is not None
-            elif sum(tiles) > 0:
-                fails += err is None
     # Forward: per CTA, the key blocks of each of its tiles, 2 or 3 consumer warpgroups. The
     # rotation restarted at every tile (the first version) must be caught slipping.
     for n_wgs in (2, 3):

@@ -39,11 +39,6 @@
 namespace flashattn::cuda::sm90 {
 namespace bwd {
 
-// Named barriers of the dQ hand-off (kBwdDqWarp): full 8..11 and empty 12..15, per (warpgroup,
-// buffer). (0: __syncthreads; 1, 2: one warpgroup; 3: both; 4, 5: ping-pong; 6, 7: summed dQ.)
-constexpr int kDqFullBar = 8;
-constexpr int kDqEmptyBar = 12;
-
 template <class Tile>
 struct Smem {
   uint8_t* k;
@@ -133,45 +128,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   }
   __syncthreads();
 
-  // dQ hand-off through the producer warpgroup's second warp (kBwdDqWarp, d64 only: its producer
-  // warpgroup has the registers), unless another dQ variant takes precedence (the consumers test
-  // the flags in the same order).
-  const bool dq_warp = kHeadDim == 64 && !(a.flags & (kBwdNoDq | kBwdAtomicDq | kBwdSumDq)) && (a.flags & kBwdDqWarp);
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
-    if (dq_warp && threadIdx.x / 32 == 1) {
-      // The dQ warp: per step, wait until both consumer warpgroups have staged their dQ blocks,
-      // add each to dQ_accum with one bulk reduction (lane 0), wait until both have been read,
-      // and hand the buffers back (the consumers take the last two hand-backs after their loop,
-      // so every arrival meets a wait).
-      const int lane = threadIdx.x % 32;
-      int it = 0;
-      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-        const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, idx);
-        // The consumers' step order: query heads of the group, then query tiles m_begin.. (d64: one
-        // 64 × 64 dQ block per (head, query tile)).
-        for (int hq = tc.m_count > 0 ? 0 : a.group; hq < a.group; ++hq) {
-          float* dq_head = a.dq_accum + (static_cast<long long>(tc.batch) * a.heads + tc.head_kv * a.group + hq) *
-                                            a.m_blocks * 4096;
-          for (int m = tc.m_begin; m < a.m_blocks; ++m, ++it) {
-            const int b = it & 1;
-#pragma unroll
-            for (int g = 0; g < 2; ++g) {
-              ptx::named_bar_sync(kDqFullBar + 2 * g + b, 160);
-              if (lane == 0) {
-                ptx::bulk_reduce_add_f32(dq_head + m * 4096, sm.dq_stage + (2 * g + b) * 4096, Tile::kDqStageBytes);
-                ptx::tma_store_commit();
-              }
-            }
-            if (lane == 0) ptx::bulk_wait_read<0>();
-            __syncwarp();
-            ptx::named_bar_arrive(kDqEmptyBar + b, 160);
-            ptx::named_bar_arrive(kDqEmptyBar + 2 + b, 160);
-          }
-        }
-      }
-      if (lane == 0) ptx::bulk_wait_all();  // the staged blocks must outlive the reductions
-    }
     if (threadIdx.x == 0) {
       // Ring positions continue across this CTA's tiles: Q/dO stage it % kStages, K/V load count.
       int it = 0, kv_loads = 0;
@@ -429,20 +387,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           ptx::named_bar_sync(2, 128);
           if (!last_step_of_cta) ptx::named_bar_arrive(7, 256);
         }
-      } else if (dq_warp) {
-        // Staged in smem (buffer it & 1 of this warpgroup); the producer warpgroup's dQ warp issues
-        // the bulk reduction and hands the buffer back, so no consumer thread waits for one.
-        // Named barriers, each with two parties (this warpgroup, the dQ warp; 160 threads):
-        // kDqFullBar + 2g + b (buffer b written) and kDqEmptyBar + 2g + b (its reduction has read it;
-        // first waited for at the buffer's second use, it >= 2).
-        float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
-        if (it >= 2) ptx::named_bar_sync(kDqEmptyBar + 2 * g + (it & 1), 160);
-#pragma unroll
-        for (int r = 0; r < 32; r += 2) {
-          *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
-        }
-        ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
-        ptx::named_bar_arrive(kDqFullBar + 2 * g + (it & 1), 160);
       } else {
         // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
         // buffer written now was last read by the reduction of step it - 2.
@@ -479,9 +423,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       }
     }
   }  // tiles
-  // dQ warp: take the hand-backs of the last two steps' buffers, which no later step waited for.
-  if (dq_warp)
-    for (int j = it >= 2 ? it - 2 : 0; j < it; ++j) ptx::named_bar_sync(kDqEmptyBar + 2 * g + (j & 1), 160);
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 }
 

@@ -50,8 +50,6 @@ enum BwdFlags : int {
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
   kBwdSumDq = 16,      // d64: the two warpgroups' dQ partials summed in smem, one reduction per step
-  kBwdDqWarp = 32,     // the producer warpgroup's second warp issues the dQ bulk reductions and
-                       // hands the staging buffers back (named barriers), so consumers never wait
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

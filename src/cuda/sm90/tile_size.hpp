@@ -77,10 +77,8 @@ struct BwdTile {
   static constexpr int kStages = 2;
   static constexpr int kConsumerWGs = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
-  // d64: thread 0 issues the TMA loads, warp 1 the dQ hand-off (kBwdDqWarp), which needs more than
-  // 24 registers; d128's consumers need all 240 (at 232 ptxas serializes their wgmmas).
-  static constexpr int kProducerRegs = kHeadDim == 64 ? 40 : 24;
-  static constexpr int kConsumerRegs = kHeadDim == 64 ? 232 : 240;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or one dO stage
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one dSᵀ buffer

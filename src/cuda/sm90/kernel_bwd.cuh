@@ -110,6 +110,40 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   return c;
 }
 
+// Both backward kernels' start: thread 0 prefetches the four TMA descriptors and initializes the
+// mbarriers, then the whole CTA meets.
+template <class Sm>
+__device__ __forceinline__ void bwd_prologue(const BwdArgs& a, Sm& sm) {
+  if (threadIdx.x == 0) {
+    ptx::tma_prefetch_desc(&a.tm_q);
+    ptx::tma_prefetch_desc(&a.tm_k);
+    ptx::tma_prefetch_desc(&a.tm_v);
+    ptx::tma_prefetch_desc(&a.tm_do);
+    sm.init_barriers();
+  }
+  __syncthreads();
+}
+
+// Both backward kernels' producer thread: over this CTA's work tiles, K and V once per tile (after
+// both consumer warpgroups released the previous tile's: a fresh barrier passes), then
+// load_step(it, head, m, batch) for each (query head of the group, query tile) step, head-major,
+// it counting the steps over the CTA's life (the ring positions continue across tiles).
+template <class Tile, bool kCausal, class Sm, class LoadStep>
+__device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep load_step) {
+  const int tiles = a.n_blocks * a.heads_kv * a.batch;
+  int it = 0, kv_loads = 0;
+  for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    if (tc.steps == 0) continue;
+    ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
+    ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
+    ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
+    ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
+    for (int st = 0; st < tc.steps; ++st, ++it)
+      load_step(it, tc.head_kv * a.group + st / tc.m_count, tc.m_begin + st % tc.m_count, tc.batch);
+  }
+}
+
 template <int kHeadDim, bool kF16, bool kCausal>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<kHeadDim>;
@@ -119,40 +153,18 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   const int wg = threadIdx.x / 128;
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
 
-  if (threadIdx.x == 0) {
-    ptx::tma_prefetch_desc(&a.tm_q);
-    ptx::tma_prefetch_desc(&a.tm_k);
-    ptx::tma_prefetch_desc(&a.tm_v);
-    ptx::tma_prefetch_desc(&a.tm_do);
-    sm.init_barriers();
-  }
-  __syncthreads();
+  bwd_prologue(a, sm);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      // Ring positions continue across this CTA's tiles: Q/dO stage it % kStages, K/V load count.
-      int it = 0, kv_loads = 0;
-      for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-        const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
-        if (tc.steps == 0) continue;
-        // K/V of the previous tile released by both consumer warpgroups (fresh barrier: passes).
-        ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
-        ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
-        ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
-        for (int st = 0; st < tc.steps; ++st, ++it) {
-          const int head = tc.head_kv * a.group + st / tc.m_count;
-          const int m = tc.m_begin + st % tc.m_count;
-          const int stage = it % Tile::kStages;
-          ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
-          ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
-          ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, tc.batch);
-          ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head,
-                           tc.batch);
-        }
-      }
-    }
+    if (threadIdx.x == 0)
+      bwd_produce<Tile, kCausal>(a, sm, [&](int it, int head, int m, int batch) {
+        const int stage = it % Tile::kStages;
+        ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
+        ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
+        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+      });
     return;
   }
 

@@ -82,39 +82,20 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
   const int wg = threadIdx.x / 128;
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
 
-  if (threadIdx.x == 0) {
-    ptx::tma_prefetch_desc(&a.tm_q);
-    ptx::tma_prefetch_desc(&a.tm_k);
-    ptx::tma_prefetch_desc(&a.tm_v);
-    ptx::tma_prefetch_desc(&a.tm_do);
-    sm.init_barriers();
-  }
-  __syncthreads();
+  bwd_prologue(a, sm);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      int it = 0, kv_loads = 0;  // continue across this CTA's tiles
-      for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-        const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
-        if (tc.steps == 0) continue;
-        ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
-        ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
-        ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * kBlockN, 0, tc.head_kv, tc.batch);
-        for (int st = 0; st < tc.steps; ++st, ++it) {
-          const int head = tc.head_kv * a.group + st / tc.m_count;
-          const int m = tc.m_begin + st % tc.m_count;
-          const int stage = it % Tile::kStages;
-          ptx::mbar_wait(sm.empty_q + stage, ((it / Tile::kStages) & 1) ^ 1);
-          ptx::mbar_arrive_expect_tx(sm.full_q + stage, Tile::kQBytes);
-          ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, m * kBlockM, 0, head, tc.batch);
-          ptx::mbar_wait(sm.empty_do, (it & 1) ^ 1);  // released mid-step, after both dV GEMMs
-          ptx::mbar_arrive_expect_tx(sm.full_do, Tile::kQBytes);
-          ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, m * kBlockM, 0, head, tc.batch);
-        }
-      }
-    }
+    if (threadIdx.x == 0)
+      bwd_produce<Tile, kCausal>(a, sm, [&](int it, int head, int m, int batch) {
+        const int stage = it % Tile::kStages;
+        ptx::mbar_wait(sm.empty_q + stage, ((it / Tile::kStages) & 1) ^ 1);
+        ptx::mbar_arrive_expect_tx(sm.full_q + stage, Tile::kQBytes);
+        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::mbar_wait(sm.empty_do, (it & 1) ^ 1);  // released mid-step, after both dV GEMMs
+        ptx::mbar_arrive_expect_tx(sm.full_do, Tile::kQBytes);
+        ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, m * kBlockM, 0, head, batch);
+      });
     return;
   }
 

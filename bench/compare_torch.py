@@ -286,11 +286,35 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
     return results
 
 
+def overhead(lib, reps):
+    """Per-call fixed cost: the median time of a call too small to keep the GPU busy (B1 H1 N128),
+    host work included (each timed call starts on an idle GPU, as in the grid). Prints µs."""
+    rows = []
+    for d in (64, 128):
+        q = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
+        k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
+        o, l = torch.empty_like(q), torch.empty(1, 1, 128, device="cuda")
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+        t = {"ours_fwd": median_ms(lambda: lib.forward(q, k, v, o, l, causal=False), reps),
+             "ours_bwd": median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=False), reps)}
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
+        for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            with sdpa_kernel(be):
+                t[f"{name}_fwd"] = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt), reps)
+                ot = F.scaled_dot_product_attention(qt, kt, vt)
+                t[f"{name}_bwd"] = median_ms(lambda: torch.autograd.grad(ot, (qt, kt, vt), do.transpose(1, 2),
+                                                                         retain_graph=True), reps)
+        print(f"overhead d{d} B1 H1 N128 (µs): " + "  ".join(f"{k_} {1000 * v_:.1f}" for k_, v_ in t.items()), flush=True)
+        rows.append(t)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--overhead", action="store_true", help="per-call fixed cost at B1 H1 N128")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtype", default="bf16")
@@ -300,6 +324,8 @@ def main():
     lib = Lib(a.lib)
     print(lib.lib.fa_info().decode(), "| torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), flush=True)
     fails = check(lib) if a.check else 0
+    if a.overhead:
+        overhead(lib, max(a.reps, 50))
     if a.bench:
         bench(lib, [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqlens.split(",")],
               torch.bfloat16 if a.dtype == "bf16" else torch.float16, a.reps, a.json)

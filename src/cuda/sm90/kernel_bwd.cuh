@@ -457,7 +457,8 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
     if constexpr (kWide) return bwd::WideSmem::kBytes;
     else return bwd::Smem<Tile>::kBytes;
   }();
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();

@@ -73,7 +73,8 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim, kBlockM>;
   auto kernel = fwd_kernel<kHeadDim, kBlockM, kF16, kCausal>;
   constexpr int smem = Smem<Tile>::kBytes;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
   if (e != cudaSuccess) return e;
   int dev = 0, sms = 0, l2 = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;

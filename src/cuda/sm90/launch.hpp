@@ -5,7 +5,25 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 namespace flashattn::cuda::sm90 {
+
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize) once per kernel and device rather than on every
+// call (it goes to the driver each time: host time inside every timed call). Kernel is a
+// function pointer; one static mask per instantiation of the caller's template.
+template <class Kernel>
+cudaError_t ensure_dynamic_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& done_devices) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && bit) done_devices.fetch_or(bit, std::memory_order_release);
+  return e;
+}
 
 struct FwdArgs {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;  // 5-D maps (64, rows, D/64, heads, batch), see sm90.cu

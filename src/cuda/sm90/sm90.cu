@@ -6,6 +6,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -67,11 +68,21 @@ CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, in
 }
 
 bool device_is_sm90() {
+  // Per device, asked once each (a host may mix GPU generations; the answer for device 0 must not
+  // decide for device 1). Unknown devices (>= 64) are asked every time.
+  static std::atomic<uint64_t> known{0}, is90{0};
   int dev = 0, major = 0, minor = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (known.load(std::memory_order_acquire) & bit)) return (is90.load(std::memory_order_relaxed) & bit) != 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
+  const bool yes = major == 9 && minor == 0;
+  if (bit) {
+    if (yes) is90.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_release);
+  }
+  return yes;
 }
 
 bool strides_ok(const detail::TensorRef& t) {  // TMA: global strides multiple of 16 B
@@ -110,8 +121,7 @@ bool supports(const detail::Params& p) {
   // tile count m_blocks · heads · batch must fit an int (grid x)
   if ((p.seqlen_q + 127) / 128 * p.heads * p.batch >= (int64_t(1) << 31)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
-  static const bool sm90 = device_is_sm90();
-  return sm90;
+  return device_is_sm90();
 }
 
 void forward(const detail::Params& p) {

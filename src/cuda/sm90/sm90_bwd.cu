@@ -55,8 +55,7 @@ bool supports_backward(const detail::Params& p) {
   if (p.seqlen_q >= (int64_t(1) << 30) || p.seqlen_k >= (int64_t(1) << 30)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.dout)) return false;
   if (!dk_dv_ok(p.dk) || !dk_dv_ok(p.dv) || !dk_dv_ok(p.dq) || !dk_dv_ok(p.out)) return false;
-  static const bool sm90 = device_is_sm90();
-  return sm90;
+  return device_is_sm90();
 }
 
 void backward(const detail::Params& p) {

@@ -89,8 +89,21 @@ static void gemm_nt_own(int m, int n, int k, const float* a, int64_t lda, const 
   if (m <= 0 || n <= 0) return;
   thread_local std::vector<float> bt;
   bt.resize(size_t(k) * size_t(n));
-  for (int j = 0; j < n; ++j)
-    for (int p = 0; p < k; ++p) bt[size_t(p) * n + j] = b[j * ldb + p];
+  // Blocked by 16 rows of B read side by side, so each bt row gets 16 consecutive floats at once:
+  // the plain j-outer loop wrote one float per cache line and cost ~10 % of the forward
+  // (FLASHATTN_CPU_GEMM=own, docs/perf-log.md CPU v7).
+  constexpr int kTB = 16;
+  int j0 = 0;
+  for (; j0 + kTB <= n; j0 += kTB) {
+    const float* src[kTB];
+    for (int jj = 0; jj < kTB; ++jj) src[jj] = b + int64_t(j0 + jj) * ldb;
+    for (int p = 0; p < k; ++p) {
+      float* dst = bt.data() + size_t(p) * n + j0;
+      for (int jj = 0; jj < kTB; ++jj) dst[jj] = src[jj][p];
+    }
+  }
+  for (; j0 < n; ++j0)
+    for (int p = 0; p < k; ++p) bt[size_t(p) * n + j0] = b[j0 * ldb + p];
   gemm_own(m, n, k, a, lda, 1, bt.data(), n, c, ldc, nullptr, false);
 }
 

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -27,16 +28,16 @@ inline uint64_t scratch_cache_bytes() {
 }
 
 // The pool of `device`, created on first use; nullptr if the driver cannot create one (then the
-// callers use cudaMallocAsync's default pool).
+// callers use cudaMallocAsync's default pool). After the first call per device no lock is taken.
 inline cudaMemPool_t scratch_pool(int device) {
   constexpr int kMaxDevices = 64;
+  static std::atomic<cudaMemPool_t> pools[kMaxDevices] = {};
+  static std::atomic<bool> tried[kMaxDevices] = {};
   static std::mutex mu;
-  static cudaMemPool_t pools[kMaxDevices] = {};
-  static bool tried[kMaxDevices] = {};
   if (device < 0 || device >= kMaxDevices) return nullptr;
+  if (tried[device].load(std::memory_order_acquire)) return pools[device].load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu);
-  if (!tried[device]) {
-    tried[device] = true;
+  if (!tried[device].load(std::memory_order_relaxed)) {
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
@@ -45,12 +46,13 @@ inline cudaMemPool_t scratch_pool(int device) {
     if (cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
       uint64_t keep = scratch_cache_bytes();
       cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      pools[device] = pool;
+      pools[device].store(pool, std::memory_order_relaxed);
     } else {
       cudaGetLastError();
     }
+    tried[device].store(true, std::memory_order_release);
   }
-  return pools[device];
+  return pools[device].load(std::memory_order_relaxed);
 }
 
 // Stream-ordered allocation from the current device's scratch pool.

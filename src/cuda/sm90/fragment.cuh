@@ -32,6 +32,15 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
+// Registers [r0, r0 + 32) of an fp32 accumulator (its 64-column slice r0/32) as one row-major
+// 64 × 64 fp32 block: the staging layout of the backward's bulk dQ reductions.
+template <int N>
+__device__ __forceinline__ void stage_block64(float* block, const float (&acc)[N], int t, int r0 = 0) {
+#pragma unroll
+  for (int r = r0; r < r0 + 32; r += 2)
+    *reinterpret_cast<float2*>(block + acc_row(t, r) * 64 + acc_col(t, r) - 2 * r0) = make_float2(acc[r], acc[r + 1]);
+}
+
 // An m64 accumulator (64 × 16·kSteps) as the register A operand of the next wgmma, k16 slice s in
 // a[s]: the layouts line up, so no shuffles (§1.4).
 template <bool kF16, int kSteps>

@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/fragment.cuh"
+#include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/tile_size.hpp"
@@ -108,6 +109,26 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   c.m_count = a.m_blocks > c.m_begin ? a.m_blocks - c.m_begin : 0;
   c.steps = c.m_count * a.group;  // (head of the group, query tile) pairs, head-major
   return c;
+}
+
+// Epilogue of both backward kernels: this warpgroup's dV and scale·dK straight from the
+// accumulators to the caller's tensors — key rows key_row0 and key_row0 + 8 (keys past seqlen_k
+// are not written), head-dim columns col0 + acc_col.
+template <bool kF16, int kRegs>
+__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int batch, int head_kv, int col0, int key_row0,
+                                            const float (&acc_dk)[kRegs], const float (&acc_dv)[kRegs], int t) {
+  using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
+  T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride + col0;
+  T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride + col0;
+#pragma unroll
+  for (int r = 0; r < kRegs; r += 2) {
+    const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
+    if (key < a.seqlen_k) {
+      *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
+      *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
+          pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
+    }
+  }
 }
 
 // Both backward kernels' start: thread 0 prefetches the four TMA descriptors and initializes the
@@ -225,15 +246,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       ptx::fence_operand(acc_dp);
       turn_begin();
       ptx::wgmma_fence();
-      // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major:
-      // k-step s = chunk s/4, +32 B inside the chunk.
+      // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major.
       auto issue_keys_x_queries = [&](float(&acc)[kSRegs], uint32_t keys, uint32_t queries) {
-#pragma unroll
-        for (int s = 0; s < kHeadDim / 16; ++s) {
-          const uint64_t da = ptx::smem_desc_sw128(keys + (s / 4) * kBlockN * 128 + g * 64 * 128 + (s % 4) * 32, 16, 1024);
-          const uint64_t db = ptx::smem_desc_sw128(queries + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
-          Wgmma<kBlockM, kF16, 0>::ss(acc, da, db, s > 0);
-        }
+        gemm_kk<kBlockM, kF16, kHeadDim>(acc, keys + g * 64 * 128, kBlockN * 128, queries, kBlockM * 128);
         ptx::wgmma_commit();
       };
       issue_keys_x_queries(acc_s, k_base, q_st);
@@ -282,11 +297,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       auto issue_dv = [&] {
         ptx::fence_operand(acc_dv);
         ptx::wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < kMSteps; ++s) {
-          const uint64_t ddo = ptx::smem_desc_sw128(do_st + s * 2048, kBlockM * 128, 1024);
-          Wgmma<kHeadDim, kF16, 1>::rs(acc_dv, p_a[s], ddo, 1);
-        }
+        gemm_rs_mn<kHeadDim, kF16, kMSteps>(acc_dv, p_a, do_st, kBlockM * 128);
         ptx::wgmma_commit();
       };
       if (!pingpong) issue_dv();
@@ -324,11 +335,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       if (pingpong) issue_dv();
       ptx::fence_operand(acc_dk);
       ptx::wgmma_fence();
-#pragma unroll
-      for (int s = 0; s < kMSteps; ++s) {
-        const uint64_t dq = ptx::smem_desc_sw128(q_st + s * 2048, kBlockM * 128, 1024);
-        Wgmma<kHeadDim, kF16, 1>::rs(acc_dk, ds_a[s], dq, 1);
-      }
+      gemm_rs_mn<kHeadDim, kF16, kMSteps>(acc_dk, ds_a, q_st, kBlockM * 128);
       ptx::wgmma_commit();
       if (!kSplitKeys) ptx::named_bar_sync(3, 256);  // both warpgroups' rows are in smem
       float acc_dq[32];
@@ -337,13 +344,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         ptx::wgmma_fence();
         const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
         const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
-        constexpr int kKeySteps = (kSplitKeys ? 64 : kBlockN) / 16;
-#pragma unroll
-        for (int s = 0; s < kKeySteps; ++s) {
-          const uint64_t da = ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024);
-          const uint64_t db = ptx::smem_desc_sw128(kq_st + s * 2048, kBlockN * 128, 1024);
-          WgmmaMN<64, kF16>::ss(acc_dq, da, db, s > 0);
-        }
+        gemm_mn_mn<64, kF16, (kSplitKeys ? 64 : kBlockN) / 16>(acc_dq, ds_st, kBlockN * 128, kq_st, kBlockN * 128);
       }
       ptx::wgmma_commit();
       turn_end(last_step_of_cta);
@@ -375,10 +376,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         float* stage_dq = sm.dq_stage + (it & 1) * 4096;
         if (g == 0) {
           if (it > 0) ptx::named_bar_sync(7, 256);
-#pragma unroll
-          for (int r = 0; r < 32; r += 2) {
-            *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
-          }
+          stage_block64(stage_dq, acc_dq, t);
           __threadfence_block();
           ptx::named_bar_arrive(6, 256);
         } else {
@@ -405,10 +403,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
         if (t == 0) ptx::bulk_wait_read<1>();
         ptx::named_bar_sync(1 + g, 128);
-#pragma unroll
-        for (int r = 0; r < 32; r += 2) {
-          *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r)) = make_float2(acc_dq[r], acc_dq[r + 1]);
-        }
+        stage_block64(stage_dq, acc_dq, t);
         ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
         ptx::named_bar_sync(1 + g, 128);
         if (t == 0) {
@@ -421,19 +416,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
     if (steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
-    // Epilogue: dV and scale·dK straight from the accumulators to the caller's tensors.
-    using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
-    T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride;
-    T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride;
-#pragma unroll
-    for (int r = 0; r < kDRegs; r += 2) {
-      const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
-      if (key < a.seqlen_k) {
-        *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
-        *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
-            pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
-      }
-    }
+    store_dk_dv<kF16>(a, batch, head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 }

@@ -138,15 +138,8 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       float acc[32];
       ptx::fence_operand(acc);
       ptx::wgmma_fence();
-      {
-        const uint32_t keys = g == 0 ? k_base : v_base, queries = g == 0 ? q_st : do_base;
-#pragma unroll
-        for (int s = 0; s < kHeadDim / 16; ++s) {
-          const uint64_t da = ptx::smem_desc_sw128(keys + (s / 4) * kBlockN * 128 + (s % 4) * 32, 16, 1024);
-          const uint64_t db = ptx::smem_desc_sw128(queries + (s / 4) * kBlockM * 128 + (s % 4) * 32, 16, 1024);
-          Wgmma<kBlockM, kF16, 0>::ss(acc, da, db, s > 0);
-        }
-      }
+      gemm_kk<kBlockM, kF16, kHeadDim>(acc, g == 0 ? k_base : v_base, kBlockN * 128, g == 0 ? q_st : do_base,
+                                       kBlockM * 128);
       ptx::wgmma_commit();
       // Per-query statistics while the GEMM runs: LSE (warpgroup 0) or D (warpgroup 1) of this
       // thread's query columns 8j + 2(lane % 4) + {0, 1}.
@@ -162,9 +155,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       auto issue_dv = [&] {
         ptx::fence_operand(acc_dv);
         ptx::wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s)
-          Wgmma<128, kF16, 1>::rs(acc_dv, p_a[s], ptx::smem_desc_sw128(do_half + s * 2048, kBlockM * 128, 1024), 1);
+        gemm_rs_mn<128, kF16, kSteps>(acc_dv, p_a, do_half, kBlockM * 128);
         ptx::wgmma_commit();
       };
       if (g == 0) {
@@ -236,10 +227,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       ptx::fence_operand(acc_dq);
       ptx::wgmma_fence();
       const uint32_t k_half = k_base + 2 * g * kBlockN * 128;
-#pragma unroll
-      for (int s = 0; s < kBlockN / 16; ++s)
-        WgmmaMN<128, kF16>::ss(acc_dq, ptx::smem_desc_sw128(ds_st + s * 2048, kBlockN * 128, 1024),
-                               ptx::smem_desc_sw128(k_half + s * 2048, kBlockN * 128, 1024), s > 0);
+      gemm_mn_mn<128, kF16, kBlockN / 16>(acc_dq, ds_st, kBlockN * 128, k_half, kBlockN * 128);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::fence_operand(acc_dq);
@@ -254,10 +242,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       for (int c = 0; c < 2; ++c) {
         if (t == 0) ptx::bulk_wait_read<0>();  // the previous reduction has read the buffer
         ptx::named_bar_sync(1 + g, 128);
-#pragma unroll
-        for (int r = 32 * c; r < 32 * c + 32; r += 2)
-          *reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r) - 64 * c) =
-              make_float2(acc_dq[r], acc_dq[r + 1]);
+        stage_block64(stage_dq, acc_dq, t, 32 * c);
         ptx::fence_proxy_async();
         ptx::named_bar_sync(1 + g, 128);
         if (t == 0) {
@@ -269,18 +254,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
     if (tc.steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
     // Epilogue: dV and scale·dK, columns 128g.., straight from the accumulators.
-    using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
-    T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride + 128 * g;
-    T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride + 128 * g;
-#pragma unroll
-    for (int r = 0; r < 64; r += 2) {
-      const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
-      if (key < a.seqlen_k) {
-        *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
-        *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
-            pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
-      }
-    }
+    store_dk_dv<kF16>(a, batch, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();
 }

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/sm90/fragment.cuh"
+#include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/softmax.cuh"
@@ -142,28 +143,18 @@ struct Consumer {
   float acc_o[kORegs];  // (64, D) fp32, fragment layout §1.3
   FragmentSoftmax<kBlockN> softmax;
 
-  // S = Q·Kᵀ (SS, both K-major). k-step s (16 of D) = chunk s/4, +32 B per step inside the chunk.
+  // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
   __device__ __forceinline__ static void issue_qk(float (&acc_s)[kSRegs], uint32_t q_base, uint32_t k_base) {
     ptx::fence_operand(acc_s);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {
-      const uint64_t dq = ptx::smem_desc_sw128(q_base + (s / 4) * Tile::kBlockM * 128 + (s % 4) * 32, 16, 1024);
-      const uint64_t dk = ptx::smem_desc_sw128(k_base + (s / 4) * kBlockN * 128 + (s % 4) * 32, 16, 1024);
-      Wgmma<kBlockN, kF16, 0>::ss(acc_s, dq, dk, s > 0);
-    }
+    gemm_kk<kBlockN, kF16, kHeadDim>(acc_s, q_base, Tile::kBlockM * 128, k_base, kBlockN * 128);
     ptx::wgmma_commit();
   }
-  // O += P·V (RS; V MN-major: LBO = distance between 64-column chunks, SBO = 8 keys = 1024 B,
-  // +16 keys = +2048 B per k-step).
+  // O += P·V (RS; V MN-major, its 64-column chunks kBlockN·128 B apart).
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPSteps][4], uint32_t v_base) {
     ptx::fence_operand(acc_o);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kPSteps; ++s) {
-      const uint64_t dv = ptx::smem_desc_sw128(v_base + s * 2048, kBlockN * 128, 1024);
-      Wgmma<kHeadDim, kF16, 1>::rs(acc_o, p[s], dv, 1);
-    }
+    gemm_rs_mn<kHeadDim, kF16, kPSteps>(acc_o, p, v_base, kBlockN * 128);
     ptx::wgmma_commit();
   }
   // P (A operand of P·V) straight from the score accumulator (§1.4): no shuffles.

@@ -24,7 +24,7 @@ struct PrepArgs {
   long long lse_batch, lse_head, lse_row;
   float* lse_log2;  // (batch, heads, m_pad)
   float* dsum;
-  float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64), see launch.hpp
+  float* dq_accum;  // (batch, heads, m_pad/64, D/64, 64, 64), see launch.hpp
   int heads, seqlen_q, m_pad, head_dim;
   long long rows;  // batch · heads · m_pad
 };
@@ -58,7 +58,7 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
 }
 
 struct ConvertArgs {
-  const float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64): 64 × 64 blocks (launch.hpp)
+  const float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64): 64 × 64 blocks, m_blocks = m_pad/64 (launch.hpp)
   void* dq;
   long long dq_batch, dq_row, dq_head;
   int heads, seqlen_q, m_blocks, head_dim;

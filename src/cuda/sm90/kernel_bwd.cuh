@@ -165,10 +165,10 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
   }
 }
 
-template <int kHeadDim, bool kF16, bool kCausal>
-__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
-  using Tile = BwdTile<kHeadDim>;
-  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
+  using Tile = BwdTile<kHeadDim, kBlockM>;
+  constexpr int kBlockN = Tile::kBlockN;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   const int wg = threadIdx.x / 128;
@@ -197,12 +197,17 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   constexpr int kMSteps = kBlockM / 16;  // k16 slices of dV/dK (over queries)
   const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
   const uint32_t q_base = ptx::smem_addr(sm.q), do_base = ptx::smem_addr(sm.dO), ds_base = ptx::smem_addr(sm.ds);
-  // dQ = dS·K, one m64n64 accumulator per warpgroup. d64 splits the sum over keys (each warpgroup
-  // its own 64 keys, reading only its own dSᵀ rows, so the warpgroups run independently and can
-  // ping-pong); d128 splits the head dim (each warpgroup 64 columns over all 128 keys, reading the
-  // other warpgroup's dSᵀ rows too: the warpgroups meet at a barrier every step). (Splitting d128
-  // over keys needs a 64-register m64n128 dQ accumulator: ptxas serialized the wgmmas.)
-  constexpr bool kSplitKeys = kHeadDim == 64;
+  // dQ = dS·K, one m64n64 accumulator per warpgroup, split three ways:
+  //   kSplitKeys (d64, 64-query steps): each warpgroup its own 64 keys, reading only its own dSᵀ
+  //     rows, so the warpgroups run independently and can ping-pong;
+  //   kSplitQueries (d64, 128-query steps): each warpgroup 64 of the queries over all 128 keys;
+  //   kSplitD (d128): each warpgroup 64 head-dim columns over all 128 keys.
+  // The last two read the other warpgroup's dSᵀ rows too: the warpgroups meet at a barrier every
+  // step. (Splitting d128 over keys needs a 64-register m64n128 dQ accumulator: ptxas serialized
+  // the wgmmas.)
+  constexpr bool kSplitKeys = kHeadDim == 64 && kBlockM == 64;
+  constexpr bool kSplitQueries = kBlockM == 128;
+  constexpr bool kSplitD = !kSplitKeys && !kSplitQueries;
   // Ping-pong (d64 only): the warpgroups take turns issuing their two bursts of GEMMs per step
   // ([Sᵀ, dPᵀ] and [dV, dK, dQ]), so one warpgroup's elementwise work overlaps the other's GEMMs
   // (hopper-sm90.md §4). Named barriers 4 + g. The turns alternate strictly over the CTA's whole
@@ -302,7 +307,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       };
       if (!pingpong) issue_dv();
 
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run).
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run). With 128-query steps Pᵀ is
+      // taken from its 16-bit copy, so the fp32 one (64 registers) is dead before dPᵀ is read.
       if (pingpong) ptx::wgmma_wait<0>();
       else ptx::wgmma_wait<1>();
       ptx::fence_operand(acc_dp);
@@ -310,7 +316,14 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       for (int j = 0; j < kBlockM / 8; ++j) {
         const float2 d2 = dsum2[j];
 #pragma unroll
-        for (int r = 4 * j; r < 4 * j + 4; ++r) acc_dp[r] = acc_s[r] * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+        for (int r = 4 * j; r < 4 * j + 4; ++r) {
+          float p = acc_s[r];
+          if constexpr (kSplitQueries) {
+            const float2 p2 = unpack2<kF16>(p_a[r / 8][(r % 8) / 2]);
+            p = (r & 1) ? p2.y : p2.x;
+          }
+          acc_dp[r] = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+        }
       }
       uint32_t ds_a[kMSteps][4];
       uint8_t* ds_buf = sm.ds + (it & 1) * Tile::kDSBytes;
@@ -342,8 +355,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       {
         ptx::fence_operand(acc_dq);
         ptx::wgmma_fence();
-        const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitKeys ? g * 64 * 128 : 0);
-        const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : g * kBlockN * 128);
+        // A = dS rows (queries) of this warpgroup: the staged dSᵀ from key row 64g (kSplitKeys), its
+        // query chunk g (kSplitQueries) or all of it; B = K rows 64g.. or K's head-dim chunk g.
+        const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes +
+                               (kSplitKeys ? g * 64 * 128 : kSplitQueries ? g * kBlockN * 128 : 0);
+        const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : kSplitD ? g * kBlockN * 128 : 0);
         gemm_mn_mn<64, kF16, (kSplitKeys ? 64 : kBlockN) / 16>(acc_dq, ds_st, kBlockN * 128, kq_st, kBlockN * 128);
       }
       ptx::wgmma_commit();
@@ -357,9 +373,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       // Every GEMM of this warpgroup that read the stage has completed: release it to the producer.
       if (t == 0) ptx::mbar_arrive(sm.empty + stage);
 
-      // dQ_accum's 64 × 64 block (rows of this query tile, head-dim chunk) += acc_dq.
-      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_blocks + m) *
-                                         (kHeadDim / 64) * 4096 + (kSplitKeys ? 0 : g * 4096);
+      // dQ_accum's 64 × 64 block (64-row block of this query tile, head-dim chunk) += acc_dq.
+      const int row64 = m * (kBlockM / 64) + (kSplitQueries ? g : 0);
+      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + row64) *
+                                         (kHeadDim / 64) * 4096 + (kSplitD ? g * 4096 : 0);
       if (a.flags & kBwdNoDq) {
       } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
@@ -428,13 +445,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, bool kF16, bool kCausal>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  using Tile = BwdTile<kHeadDim>;
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
+cudaError_t launch_bwd_tile(const BwdArgs& a, cudaStream_t stream) {
+  using Tile = BwdTile<kHeadDim, kBlockM>;
   constexpr bool kWide = kHeadDim == 256;
   auto kernel = [] {
     if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
-    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
+    else return bwd::bwd_kernel<kHeadDim, kBlockM, kF16, kCausal>;
   }();
   constexpr int smem = [] {
     if constexpr (kWide) return bwd::WideSmem::kBytes;
@@ -445,6 +462,14 @@ cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
+}
+
+// a.block_m picks the query step at d64 (bwd_block_m, sm90_bwd.cu).
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  if constexpr (kHeadDim == 64)
+    if (a.block_m == 128) return launch_bwd_tile<64, 128, kF16, kCausal>(a, stream);
+  return launch_bwd_tile<kHeadDim, 64, kF16, kCausal>(a, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

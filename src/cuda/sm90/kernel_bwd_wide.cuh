@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
 
       // dQ_accum blocks 2g and 2g + 1 of this (query tile, head) += acc_dq, one 64 × 64 block at a
       // time through this warpgroup's staging buffer (registers 0..31: block 2g, 32..63: 2g + 1).
-      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * a.m_blocks + m) * 4 * 4096;
+      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + m) * 4 * 4096;
       float* stage_dq = sm.dq_stage + g * 4096;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {

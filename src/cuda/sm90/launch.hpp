@@ -37,20 +37,22 @@ struct FwdArgs {
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ
-// accumulator are scratch buffers laid out (batch, heads, m_pad[, D]) with m_pad = m_blocks·kBlockM.
+// accumulator are scratch buffers laid out (batch, heads, m_pad[, D]), m_pad = seqlen_q rounded up
+// to 128 (≥ m_blocks·kBlockM at either query step).
 struct BwdArgs {
   CUtensorMap tm_q, tm_k, tm_v, tm_do;  // 5-D maps as in FwdArgs
   const float* lse_log2;  // LSE·log2(e); +inf for rows that see no key and for padding rows (P = 0)
   const float* dsum;      // D_i = rowsum(dO_i ∘ O_i); 0 for padding rows
   float* dq_accum;        // Σ dS·K over key tiles, fp32, zeroed before the kernel; scaled and cast
-                          // after. Tiled: (batch, heads, m_blocks, D/64) blocks of 64 × 64, each
+                          // after. Tiled: (batch, heads, m_pad/64, D/64) blocks of 64 × 64, each
                           // block contiguous so one bulk reduction adds it (kernel_bwd.cuh)
   void* dk;               // caller's dK, dV: (batch, seqlen_k, heads_kv, D), element strides below
   void* dv;
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
-  int m_blocks, m_pad;                   // query tiles per (batch, head); m_blocks · kBlockM
+  int m_blocks, m_pad;                   // query tiles of block_m rows per (batch, head); padded rows
+  int block_m;                           // the kernel's query step (BwdTile::kBlockM: 64, or 128 at d64)
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)
   float scale_log2;                      // scale · log2(e)

@@ -35,6 +35,19 @@ int bwd_flags(int d) {
   return d == 64 ? kBwdPingPong : 0;
 }
 
+}  // namespace
+
+int bwd_block_m(int head_dim) {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_BWD_BLOCK_M");
+    return v && *v ? std::atoi(v) : 0;
+  }();
+  if (head_dim != 64) return 64;
+  return forced == 64 ? 64 : 128;
+}
+
+namespace {
+
 bool dk_dv_ok(const detail::TensorRef& t) {  // 4-byte stores of element pairs
   return (reinterpret_cast<uintptr_t>(t.data) & 3) == 0 && t.row_stride % 2 == 0 && t.head_stride % 2 == 0 &&
          t.batch_stride % 2 == 0;
@@ -62,12 +75,12 @@ void backward(const detail::Params& p) {
   if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
-  const int block_m = BwdTile<64>::kBlockM;  // 64 at every head dim (dq_accum's 64-row blocks)
-  static_assert(BwdTile<128>::kBlockM == 64 && BwdTile<256>::kBlockM == 64, "one query tile");
+  const int block_m = bwd_block_m(d);  // the kernel's query step
   const int block_n = d == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   const int m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
-  const int m_pad = m_blocks * block_m;
+  // Statistics and the dQ accumulator (64-row blocks) padded to 128 rows at every query step.
+  const int m_pad = int((p.seqlen_q + 127) / 128 * 128);
   const int n_blocks = int((p.seqlen_k + block_n - 1) / block_n);
   const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);
   DeviceScratch stats(size_t(2 * rows) * sizeof(float), s);
@@ -104,7 +117,7 @@ void backward(const detail::Params& p) {
   a.dv_batch_stride = p.dv.batch_stride, a.dv_row_stride = p.dv.row_stride, a.dv_head_stride = p.dv.head_stride;
   a.seqlen_q = int(p.seqlen_q), a.seqlen_k = int(p.seqlen_k), a.heads = int(p.heads);
   a.group = int(p.heads / p.heads_kv);
-  a.m_blocks = m_blocks, a.m_pad = m_pad;
+  a.m_blocks = m_blocks, a.m_pad = m_pad, a.block_m = block_m;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
   a.flags = bwd_flags(d);
@@ -124,7 +137,7 @@ void backward(const detail::Params& p) {
   ca.dq_accum = dq_accum.as<float>();
   ca.dq = p.dq.data;
   ca.dq_batch = p.dq.batch_stride, ca.dq_row = p.dq.row_stride, ca.dq_head = p.dq.head_stride;
-  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_blocks, ca.head_dim = d;
+  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_pad / 64, ca.head_dim = d;
   ca.scale = p.scale;
   ca.pairs = p.batch * p.heads * p.seqlen_q * static_cast<long long>(d / 2);
   const unsigned conv_blocks = unsigned((ca.pairs + 255) / 256);

@@ -148,7 +148,8 @@ __device__ __forceinline__ void bwd_prologue(const BwdArgs& a, Sm& sm) {
 // Both backward kernels' producer thread: over this CTA's work tiles, K and V once per tile (after
 // both consumer warpgroups released the previous tile's: a fresh barrier passes), then
 // load_step(it, head, m, batch) for each (query head of the group, query tile) step, head-major,
-// it counting the steps over the CTA's life (the ring positions continue across tiles).
+// it counting the steps over the CTA's life (the ring positions continue across tiles), each
+// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch).
 template <class Tile, bool kCausal, class Sm, class LoadStep>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep load_step) {
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
@@ -160,8 +161,17 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
     ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
     ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
     ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
-    for (int st = 0; st < tc.steps; ++st, ++it)
-      load_step(it, tc.head_kv * a.group + st / tc.m_count, tc.m_begin + st % tc.m_count, tc.batch);
+    for (int st = 0; st < tc.steps; ++st, ++it) {
+      const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
+      // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
+      // short N a query tile's statistics are read by only a few CTAs, the first read misses).
+      if (!(a.flags & kBwdNoStatPrefetch)) {
+        const long long stat_row = (static_cast<long long>(tc.batch) * a.heads + head) * a.m_pad + m * Tile::kBlockM;
+        ptx::bulk_prefetch_l2(a.lse_log2 + stat_row, Tile::kBlockM * 4);
+        ptx::bulk_prefetch_l2(a.dsum + stat_row, Tile::kBlockM * 4);
+      }
+      load_step(it, head, m, tc.batch);
+    }
   }
 }
 

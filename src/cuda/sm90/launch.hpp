@@ -70,6 +70,7 @@ enum BwdFlags : int {
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
   kBwdSumDq = 16,      // d64: the two warpgroups' dQ partials summed in smem, one reduction per step
+  kBwdNoStatPrefetch = 32,  // experiment: no L2 prefetch of each step's LSE and D by the producer
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "core/params.hpp"
 
@@ -26,35 +28,52 @@ struct PrepArgs {
   float* dsum;
   float* dq_accum;  // (batch, heads, m_pad/64, D/64, 64, 64), see launch.hpp
   int heads, seqlen_q, m_pad, head_dim;
-  long long rows;  // batch · heads · m_pad
 };
 
-template <class T>
+// kVec consecutive 16-bit elements (kVec = 8: one 16-byte load; 2: one 4-byte load) as floats.
+template <class T, int kVec>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
+  using Raw = typename std::conditional<kVec == 8, uint4, uint32_t>::type;
+  const Raw raw = *reinterpret_cast<const Raw*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v[j] = float(e[j]);
+}
+
+// Grid (m_pad / rows per block, heads, batch): every index is 32-bit and the (batch, head) pair
+// comes from the block — 64-bit divisions per row made these passes 2-3× slower than a copy.
+// A row of the head dim is read by tpr = min(32, D / kVec) neighbouring threads (an aligned group
+// of the warp, reduced with shuffles).
+template <class T, int kVec>
 __global__ void bwd_prep_kernel(const PrepArgs a) {
-  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= a.rows) return;
-  const int lane = threadIdx.x % 32;
-  const int i = int(row % a.m_pad);
-  const long long bh = row / a.m_pad;
-  const int h = int(bh % a.heads), b = int(bh / a.heads);
+  const int tpr = a.head_dim / kVec < 32 ? a.head_dim / kVec : 32;
+  const int sub = threadIdx.x % tpr;
+  const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;  // m_pad is a multiple of the rows per block
+  const int h = blockIdx.y, b = blockIdx.z;
+  const long long bh = static_cast<long long>(b) * a.heads + h;
   float d = 0.f, l2 = INFINITY;
   if (i < a.seqlen_q) {
     const T* o = static_cast<const T*>(a.out) + b * a.o_batch + i * a.o_row + h * a.o_head;
     const T* dO = static_cast<const T*>(a.dout) + b * a.do_batch + i * a.do_row + h * a.do_head;
-    for (int c = lane; c < a.head_dim; c += 32) d += float(o[c]) * float(dO[c]);
+    for (int c = sub * kVec; c < a.head_dim; c += tpr * kVec) {
+      float x[kVec], y[kVec];
+      load_vec<T, kVec>(o + c, x);
+      load_vec<T, kVec>(dO + c, y);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      for (int j = 0; j < kVec; ++j) d += x[j] * y[j];
+    }
     const float l = a.lse[b * a.lse_batch + h * a.lse_head + i * a.lse_row];
     l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
   }
-  if (lane == 0) {
-    a.dsum[row] = d;
-    a.lse_log2[row] = l2;
+  for (int off = tpr / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+  if (sub == 0) {
+    a.dsum[bh * a.m_pad + i] = d;
+    a.lse_log2[bh * a.m_pad + i] = l2;
   }
   // Row i of every 64 × 64 block of this query tile: 64 contiguous floats per head-dim chunk.
-  const long long block0 = (bh * (a.m_pad / 64) + i / 64) * (a.head_dim / 64);
-  for (int c = 0; c < a.head_dim / 64; ++c)
-    reinterpret_cast<float2*>(a.dq_accum + (block0 + c) * 4096 + (i % 64) * 64)[lane] = make_float2(0.f, 0.f);
+  float* acc = a.dq_accum + (bh * (a.m_pad / 64) + i / 64) * (a.head_dim / 64) * 4096 + (i % 64) * 64;
+  for (int c = sub * 4; c < a.head_dim; c += tpr * 4)
+    *reinterpret_cast<float4*>(acc + (c / 64) * 4096 + c % 64) = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 struct ConvertArgs {
@@ -63,24 +82,29 @@ struct ConvertArgs {
   long long dq_batch, dq_row, dq_head;
   int heads, seqlen_q, m_blocks, head_dim;
   float scale;
-  long long pairs;  // batch · heads · seqlen_q · D / 2
 };
 
-template <class T>
+// Grid (ceil(seqlen_q / rows per block), heads, batch); thread = kVec consecutive elements of a row
+// (kVec = 8: two 16-byte loads, one 16-byte store; 2: one 8-byte load, one 4-byte store).
+template <class T, int kVec>
 __global__ void dq_convert_kernel(const ConvertArgs a) {
-  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.pairs) return;
-  const int half_d = a.head_dim / 2;
-  const int c = 2 * int(idx % half_d);
-  const long long r = idx / half_d;  // (b, h, i) with i < seqlen_q
-  const int i = int(r % a.seqlen_q);
-  const long long bh = r / a.seqlen_q;
-  const int h = int(bh % a.heads), b = int(bh / a.heads);
-  const long long block = (bh * a.m_blocks + i / 64) * (a.head_dim / 64) + c / 64;
-  const float2 v = *reinterpret_cast<const float2*>(a.dq_accum + block * 4096 + (i % 64) * 64 + c % 64);
-  T* dst = static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c;
-  dst[0] = T(v.x * a.scale);
-  dst[1] = T(v.y * a.scale);
+  const int tpr = a.head_dim / kVec;  // threads per row (a power of two dividing the block)
+  const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
+  if (i >= a.seqlen_q) return;
+  const int c = (threadIdx.x % tpr) * kVec;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const long long bh = static_cast<long long>(b) * a.heads + h;
+  const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.head_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
+  using Raw = typename std::conditional<kVec == 8, uint4, uint32_t>::type;
+  Raw raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < kVec; j += 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src + j);
+    e[j] = T(v.x * a.scale);
+    e[j + 1] = T(v.y * a.scale);
+  }
+  *reinterpret_cast<Raw*>(static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c) = raw;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -25,14 +26,16 @@ cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) 
   return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
 }
 
-// BwdFlags for head dim d: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS.
-int bwd_flags(int d) {
+// BwdFlags: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS. Ping-pong
+// applies to the 64-query d64 step only; the persistent grid pays at d64/d128 non-causal (+7–14 %
+// at N = 512, +1–2 % at 8192) and loses 3–9 % causal (session 4, run 3).
+int bwd_flags(int d, int block_m, bool causal) {
   static const int forced = [] {
     const char* v = std::getenv("FLASHATTN_SM90_BWD_FLAGS");
     return v && *v ? std::atoi(v) : -1;
   }();
   if (forced >= 0) return forced;
-  return d == 64 ? kBwdPingPong : 0;
+  return (d == 64 && block_m == 64 ? kBwdPingPong : 0) | (d <= 128 && !causal ? kBwdPersistent : 0);
 }
 
 }  // namespace
@@ -53,6 +56,11 @@ bool dk_dv_ok(const detail::TensorRef& t) {  // 4-byte stores of element pairs
          t.batch_stride % 2 == 0;
 }
 
+bool vec16_ok(const detail::TensorRef& t) {  // 16-byte accesses of 8 elements (bwd_prep, dq_convert)
+  return (reinterpret_cast<uintptr_t>(t.data) & 15) == 0 && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 &&
+         t.batch_stride % 8 == 0;
+}
+
 }  // namespace
 
 bool supports_backward(const detail::Params& p) {
@@ -64,7 +72,7 @@ bool supports_backward(const detail::Params& p) {
   if (p.causal ? p.window_right != 0 : p.window_right >= 0) return false;
   if (p.scale == 0.f || !std::isfinite(p.scale)) return false;
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
-  if (p.heads % p.heads_kv != 0 || p.batch > 65535 || p.heads_kv > 65535) return false;
+  if (p.heads % p.heads_kv != 0 || p.batch > 65535 || p.heads > 65535) return false;  // grid y, z
   if (p.seqlen_q >= (int64_t(1) << 30) || p.seqlen_k >= (int64_t(1) << 30)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.dout)) return false;
   if (!dk_dv_ok(p.dk) || !dk_dv_ok(p.dv) || !dk_dv_ok(p.dq) || !dk_dv_ok(p.out)) return false;
@@ -82,7 +90,7 @@ void backward(const detail::Params& p) {
   // Statistics and the dQ accumulator (64-row blocks) padded to 128 rows at every query step.
   const int m_pad = int((p.seqlen_q + 127) / 128 * 128);
   const int n_blocks = int((p.seqlen_k + block_n - 1) / block_n);
-  const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);
+  const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);  // statistics rows
   DeviceScratch stats(size_t(2 * rows) * sizeof(float), s);
   DeviceScratch dq_accum(size_t(rows) * d * sizeof(float), s);
 
@@ -97,11 +105,14 @@ void backward(const detail::Params& p) {
   pa.dsum = stats.as<float>() + rows;
   pa.dq_accum = dq_accum.as<float>();
   pa.heads = int(p.heads), pa.seqlen_q = int(p.seqlen_q), pa.m_pad = m_pad, pa.head_dim = d;
-  pa.rows = rows;
-  const unsigned prep_blocks = unsigned((rows + 7) / 8);
-  if (f16) bwd_prep_kernel<__half><<<prep_blocks, 256, 0, s>>>(pa);
-  else bwd_prep_kernel<__nv_bfloat16><<<prep_blocks, 256, 0, s>>>(pa);
-  check_launch("sm90 bwd_prep_kernel");
+  {
+    const bool v8 = vec16_ok(p.out) && vec16_ok(p.dout);
+    const int tpr = std::min(32, d / (v8 ? 8 : 2));
+    const dim3 grid(unsigned(m_pad / (256 / tpr)), unsigned(p.heads), unsigned(p.batch));
+    if (f16) v8 ? bwd_prep_kernel<__half, 8><<<grid, 256, 0, s>>>(pa) : bwd_prep_kernel<__half, 2><<<grid, 256, 0, s>>>(pa);
+    else v8 ? bwd_prep_kernel<__nv_bfloat16, 8><<<grid, 256, 0, s>>>(pa) : bwd_prep_kernel<__nv_bfloat16, 2><<<grid, 256, 0, s>>>(pa);
+    check_launch("sm90 bwd_prep_kernel");
+  }
 
   BwdArgs a{};
   a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
@@ -120,7 +131,7 @@ void backward(const detail::Params& p) {
   a.m_blocks = m_blocks, a.m_pad = m_pad, a.block_m = block_m;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
-  a.flags = bwd_flags(d);
+  a.flags = bwd_flags(d, block_m, p.causal);
   a.n_blocks = n_blocks, a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
   const long long tiles = static_cast<long long>(n_blocks) * p.heads_kv * p.batch;
   if (tiles >= (1LL << 31)) throw Error("flashattn sm90 backward: too many key tiles for one grid");
@@ -139,11 +150,14 @@ void backward(const detail::Params& p) {
   ca.dq_batch = p.dq.batch_stride, ca.dq_row = p.dq.row_stride, ca.dq_head = p.dq.head_stride;
   ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_pad / 64, ca.head_dim = d;
   ca.scale = p.scale;
-  ca.pairs = p.batch * p.heads * p.seqlen_q * static_cast<long long>(d / 2);
-  const unsigned conv_blocks = unsigned((ca.pairs + 255) / 256);
-  if (f16) dq_convert_kernel<__half><<<conv_blocks, 256, 0, s>>>(ca);
-  else dq_convert_kernel<__nv_bfloat16><<<conv_blocks, 256, 0, s>>>(ca);
-  check_launch("sm90 dq_convert_kernel");
+  {
+    const bool v8 = vec16_ok(p.dq);
+    const int rows_per_block = 256 / (d / (v8 ? 8 : 2));
+    const dim3 grid(unsigned((p.seqlen_q + rows_per_block - 1) / rows_per_block), unsigned(p.heads), unsigned(p.batch));
+    if (f16) v8 ? dq_convert_kernel<__half, 8><<<grid, 256, 0, s>>>(ca) : dq_convert_kernel<__half, 2><<<grid, 256, 0, s>>>(ca);
+    else v8 ? dq_convert_kernel<__nv_bfloat16, 8><<<grid, 256, 0, s>>>(ca) : dq_convert_kernel<__nv_bfloat16, 2><<<grid, 256, 0, s>>>(ca);
+    check_launch("sm90 dq_convert_kernel");
+  }
 }
 
 }  // namespace flashattn::cuda::sm90

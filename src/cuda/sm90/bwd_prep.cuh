@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "core/params.hpp"
 
@@ -30,11 +29,14 @@ struct PrepArgs {
   int heads, seqlen_q, m_pad, head_dim;
 };
 
-// kVec consecutive 16-bit elements (kVec = 8: one 16-byte load; 2: one 4-byte load) as floats.
-template <class T, int kVec>
+// Both passes move 8 elements (16 bytes) per access: the CUDA dispatch (check_flash_layout,
+// cuda/backend.cpp) and supports_backward() require 16-byte aligned rows of O, dO and dQ.
+constexpr int kVec = 8;
+
+// kVec consecutive 16-bit elements (one 16-byte load) as floats.
+template <class T>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
-  using Raw = typename std::conditional<kVec == 8, uint4, uint32_t>::type;
-  const Raw raw = *reinterpret_cast<const Raw*>(p);
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) v[j] = float(e[j]);
@@ -42,11 +44,11 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
 
 // Grid (m_pad / rows per block, heads, batch): every index is 32-bit and the (batch, head) pair
 // comes from the block — 64-bit divisions per row made these passes 2-3× slower than a copy.
-// A row of the head dim is read by tpr = min(32, D / kVec) neighbouring threads (an aligned group
-// of the warp, reduced with shuffles).
-template <class T, int kVec>
+// A row of the head dim is read by tpr = D / kVec neighbouring threads (an aligned group of the
+// warp, reduced with shuffles; D ≤ 256).
+template <class T>
 __global__ void bwd_prep_kernel(const PrepArgs a) {
-  const int tpr = a.head_dim / kVec < 32 ? a.head_dim / kVec : 32;
+  const int tpr = a.head_dim / kVec;
   const int sub = threadIdx.x % tpr;
   const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;  // m_pad is a multiple of the rows per block
   const int h = blockIdx.y, b = blockIdx.z;
@@ -57,8 +59,8 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
     const T* dO = static_cast<const T*>(a.dout) + b * a.do_batch + i * a.do_row + h * a.do_head;
     for (int c = sub * kVec; c < a.head_dim; c += tpr * kVec) {
       float x[kVec], y[kVec];
-      load_vec<T, kVec>(o + c, x);
-      load_vec<T, kVec>(dO + c, y);
+      load_vec<T>(o + c, x);
+      load_vec<T>(dO + c, y);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) d += x[j] * y[j];
     }
@@ -85,8 +87,8 @@ struct ConvertArgs {
 };
 
 // Grid (ceil(seqlen_q / rows per block), heads, batch); thread = kVec consecutive elements of a row
-// (kVec = 8: two 16-byte loads, one 16-byte store; 2: one 8-byte load, one 4-byte store).
-template <class T, int kVec>
+// (two 16-byte loads, one 16-byte store).
+template <class T>
 __global__ void dq_convert_kernel(const ConvertArgs a) {
   const int tpr = a.head_dim / kVec;  // threads per row (a power of two dividing the block)
   const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
@@ -95,16 +97,17 @@ __global__ void dq_convert_kernel(const ConvertArgs a) {
   const int h = blockIdx.y, b = blockIdx.z;
   const long long bh = static_cast<long long>(b) * a.heads + h;
   const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.head_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
-  using Raw = typename std::conditional<kVec == 8, uint4, uint32_t>::type;
-  Raw raw;
+  uint4 raw;
   T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-  for (int j = 0; j < kVec; j += 2) {
-    const float2 v = *reinterpret_cast<const float2*>(src + j);
+  for (int j = 0; j < kVec; j += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src + j);
     e[j] = T(v.x * a.scale);
     e[j + 1] = T(v.y * a.scale);
+    e[j + 2] = T(v.z * a.scale);
+    e[j + 3] = T(v.w * a.scale);
   }
-  *reinterpret_cast<Raw*>(static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c) = raw;
+  *reinterpret_cast<uint4*>(static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c) = raw;
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -5,9 +5,11 @@
 // grid is one CTA per tile, or persistent (kBwdPersistent: the producer loads the next tile's K/V
 // as soon as both consumer warpgroups release them, overlapping the epilogue).
 //   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q and dO of each
-//                           query tile into a 2-stage ring (TMA). The consumers read the per-query
-//                           LSE and D (fp32, precomputed) straight from global memory.
-//   warpgroups 1, 2 (consumers): 64 keys each. Per query tile, everything transposed so that the
+//                           query tile into a 2-stage ring (TMA), each step's per-query LSE and D
+//                           (fp32, precomputed) prefetched into L2; the consumers read those with
+//                           plain loads.
+//   warpgroups 1, 2 (consumers): 64 keys each. Per query tile (kBlockM = 128 queries at d64, 64 at
+//                           d128), everything transposed so that the
 //                           probabilities come out of the accumulator in the layout the next GEMM
 //                           takes as its register A operand (hopper-sm90.md §1.4):
 //       Sᵀ  = K·Qᵀ              (SS, both K-major)              64 × kBlockM
@@ -17,7 +19,8 @@
 //       dV += Pᵀ·dO             (RS, dO MN-major)                64 × D
 //       dK += dSᵀ·Q             (RS, Q MN-major)                 (× scale in the epilogue)
 //       dSᵀ → smem (16-bit, 128B-swizzled [key][query] chunks), both warpgroups, named barrier
-//       dQ_partial = dS·K       (SS, A and B MN-major)           m64n64 per warpgroup
+//       dQ_partial = dS·K       (SS, A and B MN-major)           m64n64 per warpgroup: 64 of the
+//                                queries (d64) or 64 of the head-dim columns (d128)
 //       dQ_accum += dQ_partial  (staged in smem, one bulk fp32 reduction in L2 per block;
 //                                unordered across CTAs: not bitwise reproducible)
 // Sᵀ and dPᵀ are issued together; Pᵀ is computed while dPᵀ runs and dV is issued before dSᵀ is
@@ -175,10 +178,10 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
   }
 }
 
-template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
-__global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
-  using Tile = BwdTile<kHeadDim, kBlockM>;
-  constexpr int kBlockN = Tile::kBlockN;
+template <int kHeadDim, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
+  using Tile = BwdTile<kHeadDim>;
+  constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   const int wg = threadIdx.x / 128;
@@ -207,35 +210,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
   constexpr int kMSteps = kBlockM / 16;  // k16 slices of dV/dK (over queries)
   const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
   const uint32_t q_base = ptx::smem_addr(sm.q), do_base = ptx::smem_addr(sm.dO), ds_base = ptx::smem_addr(sm.ds);
-  // dQ = dS·K, one m64n64 accumulator per warpgroup, split three ways:
-  //   kSplitKeys (d64, 64-query steps): each warpgroup its own 64 keys, reading only its own dSᵀ
-  //     rows, so the warpgroups run independently and can ping-pong;
-  //   kSplitQueries (d64, 128-query steps): each warpgroup 64 of the queries over all 128 keys;
-  //   kSplitD (d128): each warpgroup 64 head-dim columns over all 128 keys.
-  // The last two read the other warpgroup's dSᵀ rows too: the warpgroups meet at a barrier every
-  // step. (Splitting d128 over keys needs a 64-register m64n128 dQ accumulator: ptxas serialized
-  // the wgmmas.)
-  constexpr bool kSplitKeys = kHeadDim == 64 && kBlockM == 64;
-  constexpr bool kSplitQueries = kBlockM == 128;
-  constexpr bool kSplitD = !kSplitKeys && !kSplitQueries;
-  // Ping-pong (d64 only): the warpgroups take turns issuing their two bursts of GEMMs per step
-  // ([Sᵀ, dPᵀ] and [dV, dK, dQ]), so one warpgroup's elementwise work overlaps the other's GEMMs
-  // (hopper-sm90.md §4). Named barriers 4 + g. The turns alternate strictly over the CTA's whole
-  // life (across tiles): warpgroup 0 takes the first turn, warpgroup 1 skips only its very last
-  // hand-off, so every arrival meets a matching wait.
-  const bool pingpong = kSplitKeys && (a.flags & kBwdPingPong) != 0;
-  auto turn_begin = [&] {
-    if (pingpong) ptx::named_bar_sync(4 + g, 256);
-  };
-  auto turn_end = [&](bool last_of_cta) {
-    if (pingpong && !(g == 1 && last_of_cta)) ptx::named_bar_arrive(4 + (g ^ 1), 256);
-  };
-  // The last tile of this CTA that has any step (the one whose final turn is not handed off).
-  long long last_work = -1;
-  for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x)
-    if (bwd_tile<Tile, kCausal>(a, int(idx)).steps > 0) last_work = idx;
-  if (pingpong && g == 0 && last_work >= 0) ptx::named_bar_arrive(4, 256);
-
+  // dQ = dS·K, one m64n64 accumulator per warpgroup: at d64 each warpgroup takes 64 of the 128
+  // queries (kSplitQueries), at d128 64 of the head-dim columns, both over all 128 keys — so each
+  // reads the other warpgroup's dSᵀ rows too, and the two meet at a barrier every step. (Splitting
+  // over keys instead lets the warpgroups run independently and ping-pong, but needs two bulk
+  // reductions per dQ block, and at d128 a 64-register m64n128 accumulator that made ptxas
+  // serialize the wgmmas; d64's former 64-query step did that and ran 6–24 % slower: perf-log.)
+  constexpr bool kSplitQueries = kHeadDim == 64;
   int it = 0, kv_loads = 0;  // as on the producer side
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
@@ -248,7 +229,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
 
     if (steps > 0) ptx::mbar_wait(sm.full_kv, kv_loads++ & 1);
     for (int st = 0; st < steps; ++st, ++it) {
-      const bool last_step_of_cta = idx == last_work && st == steps - 1;
       const int head = head_kv * a.group + st / m_count;
       const int m = m_begin + st % m_count;
       const int stage = it % Tile::kStages;
@@ -259,7 +239,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
       float acc_s[kSRegs], acc_dp[kSRegs];
       ptx::fence_operand(acc_s);
       ptx::fence_operand(acc_dp);
-      turn_begin();
       ptx::wgmma_fence();
       // acc = (this warpgroup's 64 rows of a [key][d] tile) · (a [query][d] stage)ᵀ, both K-major.
       auto issue_keys_x_queries = [&](float(&acc)[kSRegs], uint32_t keys, uint32_t queries) {
@@ -268,7 +247,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
       };
       issue_keys_x_queries(acc_s, k_base, q_st);
       issue_keys_x_queries(acc_dp, v_base, do_st);
-      turn_end(false);
 
       // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
       // consumers read them with plain loads, so they never travel through the TMA-written stages.
@@ -308,19 +286,15 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
       acc_to_a<kF16>(acc_s, p_a);
 
       // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
-      // step). Without ping-pong it is issued right away, to run while dSᵀ is computed.
-      auto issue_dv = [&] {
-        ptx::fence_operand(acc_dv);
-        ptx::wgmma_fence();
-        gemm_rs_mn<kHeadDim, kF16, kMSteps>(acc_dv, p_a, do_st, kBlockM * 128);
-        ptx::wgmma_commit();
-      };
-      if (!pingpong) issue_dv();
+      // step), issued right away to run while dSᵀ is computed.
+      ptx::fence_operand(acc_dv);
+      ptx::wgmma_fence();
+      gemm_rs_mn<kHeadDim, kF16, kMSteps>(acc_dv, p_a, do_st, kBlockM * 128);
+      ptx::wgmma_commit();
 
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run). With 128-query steps Pᵀ is
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ has landed (dV may still run). At d64 (128-query steps) Pᵀ is
       // taken from its 16-bit copy, so the fp32 one (64 registers) is dead before dPᵀ is read.
-      if (pingpong) ptx::wgmma_wait<0>();
-      else ptx::wgmma_wait<1>();
+      ptx::wgmma_wait<1>();
       ptx::fence_operand(acc_dp);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
@@ -353,27 +327,22 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
       // dK += dSᵀ·Q (unscaled; × scale in the epilogue), then dQ = dS·K: A = dS (queries × keys) is
       // the staged dSᵀ read MN-major, B = K ([key][d]) MN-major.
       ptx::fence_proxy_async();
-      if (kSplitKeys) ptx::named_bar_sync(1 + g, 128);  // this warpgroup's dSᵀ rows are in smem
-      turn_begin();
-      if (pingpong) issue_dv();
       ptx::fence_operand(acc_dk);
       ptx::wgmma_fence();
       gemm_rs_mn<kHeadDim, kF16, kMSteps>(acc_dk, ds_a, q_st, kBlockM * 128);
       ptx::wgmma_commit();
-      if (!kSplitKeys) ptx::named_bar_sync(3, 256);  // both warpgroups' rows are in smem
+      ptx::named_bar_sync(3, 256);  // both warpgroups' dSᵀ rows are in smem
       float acc_dq[32];
       {
         ptx::fence_operand(acc_dq);
         ptx::wgmma_fence();
-        // A = dS rows (queries) of this warpgroup: the staged dSᵀ from key row 64g (kSplitKeys), its
-        // query chunk g (kSplitQueries) or all of it; B = K rows 64g.. or K's head-dim chunk g.
-        const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes +
-                               (kSplitKeys ? g * 64 * 128 : kSplitQueries ? g * kBlockN * 128 : 0);
-        const uint32_t kq_st = k_base + (kSplitKeys ? g * 64 * 128 : kSplitD ? g * kBlockN * 128 : 0);
-        gemm_mn_mn<64, kF16, (kSplitKeys ? 64 : kBlockN) / 16>(acc_dq, ds_st, kBlockN * 128, kq_st, kBlockN * 128);
+        // A = the dS rows (queries) of this warpgroup: query chunk g of the staged dSᵀ (d64) or all
+        // of it (d128); B = K, or K's head-dim chunk g (d128).
+        const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes + (kSplitQueries ? g * kBlockN * 128 : 0);
+        const uint32_t kq_st = k_base + (kSplitQueries ? 0 : g * kBlockN * 128);
+        gemm_mn_mn<64, kF16, kBlockN / 16>(acc_dq, ds_st, kBlockN * 128, kq_st, kBlockN * 128);
       }
       ptx::wgmma_commit();
-      turn_end(last_step_of_cta);
       ptx::wgmma_wait<0>();
       ptx::fence_operand(acc_dq);
       ptx::fence_operand(acc_dv);
@@ -386,43 +355,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
       // dQ_accum's 64 × 64 block (64-row block of this query tile, head-dim chunk) += acc_dq.
       const int row64 = m * (kBlockM / 64) + (kSplitQueries ? g : 0);
       float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + row64) *
-                                         (kHeadDim / 64) * 4096 + (kSplitD ? g * 4096 : 0);
+                                         (kHeadDim / 64) * 4096 + (kSplitQueries ? 0 : g * 4096);
       if (a.flags & kBwdNoDq) {
       } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
         for (int r = 0; r < 32; r += 2) {
           atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)), make_float2(acc_dq[r], acc_dq[r + 1]));
-        }
-      } else if (kSplitKeys && (a.flags & kBwdSumDq)) {
-        // d64: both warpgroups' partials go to the same block. Summed in smem first, one bulk
-        // reduction per step instead of two: warpgroup 0 writes its block into buffer it & 1 and
-        // arrives on barrier 6; warpgroup 1 waits there, adds its own (each thread the same
-        // fragment positions), reduces, and arrives on barrier 7 once the reduction of the step
-        // before has finished reading the other buffer — which warpgroup 0 waits for before
-        // writing it at the next step. Every arrival meets one wait: warpgroup 1 skips its last.
-        float* stage_dq = sm.dq_stage + (it & 1) * 4096;
-        if (g == 0) {
-          if (it > 0) ptx::named_bar_sync(7, 256);
-          stage_block64(stage_dq, acc_dq, t);
-          __threadfence_block();
-          ptx::named_bar_arrive(6, 256);
-        } else {
-          ptx::named_bar_sync(6, 256);
-#pragma unroll
-          for (int r = 0; r < 32; r += 2) {
-            float2* p = reinterpret_cast<float2*>(stage_dq + acc_row(t, r) * 64 + acc_col(t, r));
-            const float2 v = *p;
-            *p = make_float2(v.x + acc_dq[r], v.y + acc_dq[r + 1]);
-          }
-          ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
-          ptx::named_bar_sync(2, 128);
-          if (t == 0) {
-            ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
-            ptx::tma_store_commit();
-            ptx::bulk_wait_read<1>();  // the reduction of step it - 1 has read buffer (it + 1) & 1
-          }
-          ptx::named_bar_sync(2, 128);
-          if (!last_step_of_cta) ptx::named_bar_arrive(7, 256);
         }
       } else {
         // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
@@ -455,13 +393,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kBlockM>::kThreads, 1) bwd_k
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
-cudaError_t launch_bwd_tile(const BwdArgs& a, cudaStream_t stream) {
-  using Tile = BwdTile<kHeadDim, kBlockM>;
+template <int kHeadDim, bool kF16, bool kCausal>
+cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
+  using Tile = BwdTile<kHeadDim>;
   constexpr bool kWide = kHeadDim == 256;
   auto kernel = [] {
     if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
-    else return bwd::bwd_kernel<kHeadDim, kBlockM, kF16, kCausal>;
+    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
   }();
   constexpr int smem = [] {
     if constexpr (kWide) return bwd::WideSmem::kBytes;
@@ -472,14 +410,6 @@ cudaError_t launch_bwd_tile(const BwdArgs& a, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
-}
-
-// a.block_m picks the query step at d64 (bwd_block_m, sm90_bwd.cu).
-template <int kHeadDim, bool kF16, bool kCausal>
-cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  if constexpr (kHeadDim == 64)
-    if (a.block_m == 128) return launch_bwd_tile<64, 128, kF16, kCausal>(a, stream);
-  return launch_bwd_tile<kHeadDim, 64, kF16, kCausal>(a, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

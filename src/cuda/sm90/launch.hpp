@@ -51,8 +51,7 @@ struct BwdArgs {
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
-  int m_blocks, m_pad;                   // query tiles of block_m rows per (batch, head); padded rows
-  int block_m;                           // the kernel's query step (BwdTile::kBlockM: 64, or 128 at d64)
+  int m_blocks, m_pad;                   // query tiles (BwdTile::kBlockM rows) per (batch, head); padded rows
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)
   float scale_log2;                      // scale · log2(e)
@@ -64,12 +63,11 @@ struct BwdArgs {
 // FLASHATTN_SM90_BWD_FLAGS overrides them for measurements (docs/perf-log.md). kBwdNoDq drops work
 // and gives a wrong dQ: it exists only to time what accumulating dQ costs.
 enum BwdFlags : int {
-  kBwdPingPong = 1,  // the two consumer warpgroups take turns issuing their GEMMs (d64)
+  // 1 and 16 (d64 warpgroup ping-pong, summed dQ partials) belonged to the retired 64-query d64 step
   kBwdAtomicDq = 2,  // dQ added by per-thread fp32 vector atomics instead of one bulk reduction
   kBwdNoDq = 4,      // experiment: dQ computed but never added
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
-  kBwdSumDq = 16,      // d64: the two warpgroups' dQ partials summed in smem, one reduction per step
   kBwdNoStatPrefetch = 32,  // experiment: no L2 prefetch of each step's LSE and D by the producer
 };
 

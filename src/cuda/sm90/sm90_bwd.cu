@@ -25,31 +25,17 @@ cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) 
   return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
 }
 
-// BwdFlags: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS. Ping-pong
-// applies to the 64-query d64 step only; the persistent grid pays at d64/d128 non-causal (+7–14 %
-// at N = 512, +1–2 % at 8192) and loses 3–9 % causal (session 4, run 3).
-int bwd_flags(int d, int block_m, bool causal) {
+// BwdFlags: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS. The persistent
+// grid pays at d64/d128 non-causal (+7–14 % at N = 512, +1–2 % at 8192) and loses 3–9 % causal
+// (session 4, run 3).
+int bwd_flags(int d, bool causal) {
   static const int forced = [] {
     const char* v = std::getenv("FLASHATTN_SM90_BWD_FLAGS");
     return v && *v ? std::atoi(v) : -1;
   }();
   if (forced >= 0) return forced;
-  return (d == 64 && block_m == 64 ? kBwdPingPong : 0) | (d <= 128 && !causal ? kBwdPersistent : 0);
+  return d <= 128 && !causal ? kBwdPersistent : 0;
 }
-
-}  // namespace
-
-int bwd_block_m(int head_dim) {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_BWD_BLOCK_M");
-    return v && *v ? std::atoi(v) : 0;
-  }();
-  if (head_dim != 64) return 64;
-  return forced == 64 ? 64 : 128;
-}
-
-namespace {
-
 
 }  // namespace
 
@@ -74,7 +60,7 @@ void backward(const detail::Params& p) {
   if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
-  const int block_m = bwd_block_m(d);  // the kernel's query step
+  const int block_m = d == 64 ? BwdTile<64>::kBlockM : d == 128 ? BwdTile<128>::kBlockM : BwdTile<256>::kBlockM;
   const int block_n = d == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   const int m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
@@ -116,10 +102,10 @@ void backward(const detail::Params& p) {
   a.dv_batch_stride = p.dv.batch_stride, a.dv_row_stride = p.dv.row_stride, a.dv_head_stride = p.dv.head_stride;
   a.seqlen_q = int(p.seqlen_q), a.seqlen_k = int(p.seqlen_k), a.heads = int(p.heads);
   a.group = int(p.heads / p.heads_kv);
-  a.m_blocks = m_blocks, a.m_pad = m_pad, a.block_m = block_m;
+  a.m_blocks = m_blocks, a.m_pad = m_pad;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
-  a.flags = bwd_flags(d, block_m, p.causal);
+  a.flags = bwd_flags(d, p.causal);
   a.n_blocks = n_blocks, a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
   const long long tiles = static_cast<long long>(n_blocks) * p.heads_kv * p.batch;
   if (tiles >= (1LL << 31)) throw Error("flashattn sm90 backward: too many key tiles for one grid");

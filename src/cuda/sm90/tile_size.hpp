@@ -61,26 +61,23 @@ struct FwdTile {
 
 // Backward (kernel_bwd.cuh): one CTA per (key tile, KV head, batch); 2 consumer warpgroups of 64
 // keys each (kBlockN = 128) hold dK and dV in registers and loop over query tiles of kBlockM rows.
-//   kBlockM = 64 (d128, and d64 with FLASHATTN_SM90_BWD_BLOCK_M=64): registers per consumer thread
-//   dK + dV = D, Sᵀ + dPᵀ = 64, P/dS as 16-bit A operands 16 each, dQ 32 (m64n64): d128: 128 + 64 +
-//   32 = 224 at the peak.
-//   kBlockM = 128 (d64, the default; FA3's 128 × 128 step): every GEMM twice as long per step, so
-//   the per-step costs (waits, barriers, LSE/D loads, dQ reduction issue) are paid half as often
-//   and dQ is reduced once per 128 × 128 block instead of twice: dK + dV 64, Sᵀ + dPᵀ 128 (m64n128
-//   each), LSE 32 → 224 at the peak; dSᵀ is formed from the 16-bit Pᵀ (the fp32 Pᵀ is dead by then)
-//   and dQ is split by query halves (each warpgroup 64 queries over all 128 keys, m64n64).
-//   (Session 2 tried kBlockM = 128 at d64 with dQ split over keys — a 64-register m64n128
-//   accumulator — and fp32 Pᵀ kept for dSᵀ: ptxas serialized the wgmmas and spilled.)
+//   d128, kBlockM = 64: registers per consumer thread dK + dV = 128, Sᵀ + dPᵀ = 64, P/dS as 16-bit
+//   A operands 16 each, dQ 32 (m64n64): 224 at the peak.
+//   d64, kBlockM = 128 (FA3's 128 × 128 step): the same GEMM FLOPs per step as d128, so the per-step
+//   costs (waits, barriers, LSE/D loads, dQ reduction issue) weigh as little, and dQ is reduced once
+//   per 64 × 64 block: dK + dV 64, Sᵀ + dPᵀ 128 (m64n128 each), LSE 32 → 224 at the peak; dSᵀ is
+//   formed from the 16-bit Pᵀ (the fp32 copy is dead by then) and dQ is split by query halves. A
+//   64-query d64 step (dQ split over keys, warpgroups in ping-pong) measured 6–24 % slower; FA3's
+//   step with dQ split over keys (64-register m64n128 accumulator) and fp32 Pᵀ kept for dSᵀ
+//   spilled (session 2).
 //   smem: K, V kBlockN·D·2 each; Q, dO kBlockM·D·2 each per stage (2 stages); dSᵀ kBlockN·kBlockM·2
 //   double-buffered; the fp32 dQ block of each warpgroup (64×64) double-buffered for the bulk
 //   reduce.
-//   d64 ×  64: 16 + 16 + 2·(8 + 8) + 2·16 + 4·16 KiB = 160 KiB;
-//   d64 × 128: 16 + 16 + 2·(16 + 16) + 2·32 + 4·16 KiB = 224 KiB;
-//   d128:      32 + 32 + 2·(16 + 16) + 2·16 + 4·16 KiB = 224 KiB (cap 227 KiB).
-template <int kHeadDim, int kBlockM_ = 64>
+//   d64 : 16 + 16 + 2·(16 + 16) + 2·32 + 4·16 KiB = 224 KiB;
+//   d128: 32 + 32 + 2·(16 + 16) + 2·16 + 4·16 KiB = 224 KiB (cap 227 KiB).
+template <int kHeadDim>
 struct BwdTile {
-  static constexpr int kBlockM = kBlockM_;  // queries per step
-  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "query step 64, or 128 at d64");
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;  // queries per step
   static constexpr int kBlockN = 128;                        // keys per CTA
   static constexpr int kStages = 2;
   static constexpr int kConsumerWGs = 2;
@@ -97,10 +94,6 @@ struct BwdTile {
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };
 
-// The backward's query step at head dim 64 (BwdTile::kBlockM): 128 unless
-// FLASHATTN_SM90_BWD_BLOCK_M=64 (measurements); 64 at the other head dims.
-int bwd_block_m(int head_dim);
-
 // Backward at head dim 256 (kernel_bwd_wide.cuh): dK and dV of 64 keys × 256 would need 256
 // registers per thread in one warpgroup, so the two consumer warpgroups split the head dim instead:
 // warpgroup g holds dK and dV columns 128g..128g+127 of all kBlockN = 64 keys (64 + 64 registers).
@@ -114,7 +107,7 @@ int bwd_block_m(int head_dim);
 //   fp32 64 × 64 dQ staging block per warpgroup (16 KiB; each warpgroup reduces two per step):
 //   64 + 64 + 32 + 16 + 32 = 208 KiB. (A second dO stage would leave no room for dQ staging.)
 template <>
-struct BwdTile<256, 64> {
+struct BwdTile<256> {
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kBlockN = 64;   // keys per CTA
   static constexpr int kStages = 2;    // Q stages (dO: one)

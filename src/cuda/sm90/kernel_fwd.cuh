@@ -82,7 +82,7 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   if ((e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) != cudaSuccess) return e;
   FwdArgs a = args;
   const int tiles = a.m_blocks * a.heads * a.batch;
-  a.sched = sched_mode(kCausal, 4LL * a.seqlen_k * kHeadDim, tiles < sms ? tiles : sms, l2);
+  if (a.sched < 0) a.sched = sched_mode(kCausal, 4LL * a.seqlen_k * kHeadDim, tiles < sms ? tiles : sms, l2);
   kernel<<<grid_size(a.sched, tiles, sms), Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }

@@ -101,6 +101,17 @@ int fwd_block_m_for(const detail::Params& p) {
   return fwd_block_m(int(p.head_dim), p.causal, p.seqlen_q, p.seqlen_k);
 }
 
+// The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
+// tile per CTA) or 2 (snake) for measurements.
+int fwd_sched_forced() {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_FWD_SCHED");
+    const int m = v && *v ? std::atoi(v) : -1;
+    return m >= 0 && m <= 2 ? m : -1;
+  }();
+  return forced;
+}
+
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
@@ -147,6 +158,7 @@ void forward(const detail::Params& p) {
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   a.block_m = block_m;
+  a.sched = fwd_sched_forced();
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
   switch (d) {

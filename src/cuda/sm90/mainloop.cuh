@@ -237,7 +237,13 @@ struct Consumer {
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
       softmax.step(acc_s, a.scale_log2, rescale);
-      ptx::wgmma_wait<0>();  // P·V done: p and V[prev] are free, acc_o may be touched
+      // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by
+      // ptxas above the whole softmax (it has no operands), which then runs after this warpgroup's
+      // P·V instead of beside it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of every MUFU.EX2). The
+      // first wait is predicated on the row sums (never negative, so always taken) and cannot move
+      // above them; the second, plain one lets ptxas see every path wait before acc_o is read.
+      ptx::wgmma_wait_after<0>(!(softmax.state[0].row_sum + softmax.state[1].row_sum < 0.f));
+      ptx::wgmma_wait<0>();
       ptx::fence_operand(acc_o);
       ptx::fence_operand(p);  // keeps p's registers untouched until the RS wgmma has read them
       if (t == 0) ptx::mbar_arrive(sm.empty_v + prev);

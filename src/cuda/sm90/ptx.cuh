@@ -101,6 +101,16 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// wgmma.wait_group kPending, predicated on `go` (nonzero at run time): an instruction that reads a
+// value, so ptxas cannot move it above the code computing that value — unlike the plain wait, which
+// it hoists (mainloop.cuh). Follow it with a plain wait_group: ptxas serializes every wgmma (C7514)
+// if an accumulator may be read after a wait that might not have run.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait_after(int go) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p wgmma.wait_group.sync.aligned %1;\n}\n" ::"r"(go),
+               "n"(kPending)
+               : "memory");
+}
 // Pins accumulator registers so the compiler cannot move their reads/writes across the async
 // wgmma (silent bug 4 of §8).
 template <int N>

@@ -236,6 +236,7 @@ struct Consumer {
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
+      if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);
       // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by
       // ptxas above the whole softmax (it has no operands), which then runs after this warpgroup's

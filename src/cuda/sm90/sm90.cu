@@ -159,6 +159,11 @@ void forward(const detail::Params& p) {
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   a.block_m = block_m;
   a.sched = fwd_sched_forced();
+  static const bool serial = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_FWD_SERIAL");
+    return v && *v == '1';
+  }();
+  a.serial_softmax = serial;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
   switch (d) {

@@ -15,10 +15,10 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
-__global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM>::kThreads, 1)
+template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
+__global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdArgs a) {
-  using Tile = FwdTile<kHeadDim, kBlockM>;
+  using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   const TileScheduler<kCausal> sched(a);
@@ -67,11 +67,11 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM>::kThreads, 1)
   }
 }
 
-// Host side: launches fwd_kernel for one (head_dim, query tile, dtype, causal); args encoded.
-template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
+// Host side: launches fwd_kernel for one (head_dim, query tile, key tile, dtype, causal); args encoded.
+template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
 cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
-  using Tile = FwdTile<kHeadDim, kBlockM>;
-  auto kernel = fwd_kernel<kHeadDim, kBlockM, kF16, kCausal>;
+  using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
+  auto kernel = fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal>;
   constexpr int smem = Smem<Tile>::kBytes;
   static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
   cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
@@ -87,13 +87,17 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The query tile was chosen on the host (fwd_block_m; FwdArgs::block_m, the Q map's box).
+// The tiles were chosen on the host (fwd_block_m, fwd_block_n; FwdArgs::block_m/block_n, the
+// boxes of the Q and K/V maps).
 template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
+  constexpr int kBlockN = FwdTile<kHeadDim>::kBlockN;
   if constexpr (kHeadDim == 64)
-    if (a.block_m == 192) return launch_fwd_tile<kHeadDim, 192, kF16, kCausal>(a, stream);
-  if (a.block_m != 128) return cudaErrorInvalidValue;
-  return launch_fwd_tile<kHeadDim, 128, kF16, kCausal>(a, stream);
+    if (a.block_m == 192 && a.block_n == kBlockN) return launch_fwd_tile<kHeadDim, 192, kBlockN, kF16, kCausal>(a, stream);
+  if constexpr (kHeadDim == 128)
+    if (a.block_m == 128 && a.block_n == 176) return launch_fwd_tile<kHeadDim, 128, 176, kF16, kCausal>(a, stream);
+  if (a.block_m != 128 || a.block_n != kBlockN) return cudaErrorInvalidValue;
+  return launch_fwd_tile<kHeadDim, 128, kBlockN, kF16, kCausal>(a, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

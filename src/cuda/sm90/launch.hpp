@@ -33,6 +33,7 @@ struct FwdArgs {
   float scale_log2;                      // scale · log2(e)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
   int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
+  int block_n;                           // key tile (fwd_block_n)
   int serial_softmax;                    // measurements (FLASHATTN_SM90_FWD_SERIAL=1): P·V waited for
                                          // before the softmax, as ptxas ordered it before session 4
   int sched;                             // SchedMode (scheduler.cuh): set by launch_fwd unless the host

@@ -112,6 +112,16 @@ int fwd_sched_forced() {
   return forced;
 }
 
+// fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N=176 at d128 with 128-row tiles (measurements).
+int fwd_block_n_for(const detail::Params& p, int block_m) {
+  static const int forced = [] {
+    const char* v = std::getenv("FLASHATTN_SM90_FWD_BLOCK_N");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced == 176 && p.head_dim == 128 && block_m == 128) return 176;
+  return fwd_block_n(int(p.head_dim));
+}
+
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
@@ -140,7 +150,7 @@ void forward(const detail::Params& p) {
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);
   const int block_m = fwd_block_m_for(p);
-  const int block_n = d == 64 ? FwdTile<64>::kBlockN : d == 128 ? FwdTile<128>::kBlockN : FwdTile<256>::kBlockN;
+  const int block_n = fwd_block_n_for(p, block_m);
   FwdArgs a{};
   a.tm_q = make_map(p.q, p.batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
   a.tm_k = make_map(p.k, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
@@ -158,6 +168,7 @@ void forward(const detail::Params& p) {
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   a.block_m = block_m;
+  a.block_n = block_n;
   a.sched = fwd_sched_forced();
   static const bool serial = [] {
     const char* v = std::getenv("FLASHATTN_SM90_FWD_SERIAL");

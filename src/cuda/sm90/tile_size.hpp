@@ -18,11 +18,6 @@
 // next tuning step (docs/hopper-kernels.md).
 #pragma once
 
-// Experiment knob for the d128 key tile (128 or 176 = FA3's non-causal choice); see perf-log.
-#ifndef FLASHATTN_SM90_D128_BLOCK_N
-#define FLASHATTN_SM90_D128_BLOCK_N 128
-#endif
-
 namespace flashattn::cuda::sm90 {
 
 // The query tile: 128 rows (2 consumer warpgroups), or at d64 192 rows (3 warpgroups, FA3's choice,
@@ -35,11 +30,18 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
   return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
 }
 
-template <int kHeadDim, int kBlockM_ = 128>
+// The key tile: 128 (d64, d128) or 80 (d256); d128 also has a 176-key instantiation (FA3's
+// non-causal choice; O then staged in sQ), chosen with FLASHATTN_SM90_FWD_BLOCK_N=176 for
+// measurements (sm90.cu) until a same-run A/B with the softmax/P·V overlap decides.
+inline int fwd_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
+
+template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = (kHeadDim == 256 ? 80 : 128)>
 struct FwdTile {
   static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
   static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "query tile 128, or 192 at d64");
-  static constexpr int kBlockN = kHeadDim == 128 ? FLASHATTN_SM90_D128_BLOCK_N : kHeadDim < 128 ? 128 : 80;
+  static constexpr int kBlockN = kBlockN_;
+  static_assert(kBlockN == (kHeadDim == 256 ? 80 : 128) || (kHeadDim == 128 && kBlockN == 176 && kBlockM == 128),
+                "key tile 128 (d64, d128), 80 (d256), or 176 at d128");
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
   static constexpr int kConsumerWGs = kBlockM / 64;

@@ -20,6 +20,10 @@ namespace flashattn::cuda::sm90 {
 CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, int64_t heads, int64_t d,
                      int box_rows, int box_chunks, bool f16);
 
+// Measurement switches (FLASHATTN_SM90_*, docs/perf-log.md): the integer value of the environment
+// variable `name`, or `unset` when it is absent or empty. Callers keep it in a function-local static.
+int env_knob(const char* name, int unset);
+
 bool device_is_sm90();                          // the current device is compute capability 9.0
 bool strides_ok(const detail::TensorRef& t);  // TMA: 16-byte aligned base, strides multiples of 8 elements
 

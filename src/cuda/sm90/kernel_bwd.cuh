@@ -57,7 +57,7 @@ struct Smem {
   uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
 
   __device__ static Smem carve(uint8_t* raw) {
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    uint8_t* base = ptx::align_1024(raw);
     Smem s;
     s.k = base;
     s.v = s.k + Tile::kKVBytes;
@@ -92,6 +92,13 @@ __device__ __forceinline__ int first_m_block(int n_block, int seqlen_q, int seql
   if (!kCausal) return 0;
   const int first_query = n_block * Tile::kBlockN - (seqlen_k - seqlen_q);
   return first_query <= 0 ? 0 : first_query / Tile::kBlockM;
+}
+
+// Index of query tile m's first row (kBlockM rows) of (batch, head) in the per-row statistics
+// (LSE·log2e, D), laid out (batch, heads, m_pad).
+template <class Tile>
+__device__ __forceinline__ long long stat_row(const BwdArgs& a, int batch, int head, int m) {
+  return (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * Tile::kBlockM;
 }
 
 // Work tiles: (key tile, KV head, batch), key tile fastest, so concurrent CTAs share a head's Q
@@ -169,9 +176,9 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
       // short N a query tile's statistics are read by only a few CTAs, the first read misses).
       if (!(a.flags & kBwdNoStatPrefetch)) {
-        const long long stat_row = (static_cast<long long>(tc.batch) * a.heads + head) * a.m_pad + m * Tile::kBlockM;
-        ptx::bulk_prefetch_l2(a.lse_log2 + stat_row, Tile::kBlockM * 4);
-        ptx::bulk_prefetch_l2(a.dsum + stat_row, Tile::kBlockM * 4);
+        const long long row = stat_row<Tile>(a, tc.batch, head, m);
+        ptx::bulk_prefetch_l2(a.lse_log2 + row, Tile::kBlockM * 4);
+        ptx::bulk_prefetch_l2(a.dsum + row, Tile::kBlockM * 4);
       }
       load_step(it, head, m, tc.batch);
     }
@@ -250,11 +257,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
       // LSE and D of this thread's query columns, from global memory (L2) while the GEMMs run: the
       // consumers read them with plain loads, so they never travel through the TMA-written stages.
-      const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
+      const long long srow = stat_row<Tile>(a, batch, head, m);
       float2 lse2[kBlockM / 8], dsum2[kBlockM / 8];
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
-        lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + stat_row + 8 * j + 2 * (lane % 4)));
+        lse2[j] = __ldg(reinterpret_cast<const float2*>(a.lse_log2 + srow + 8 * j + 2 * (lane % 4)));
 
       // Pᵀ while dPᵀ runs. Register r: key row half (r>>1)&1, query column 8(r>>2) + 2(l%4) + (r&1).
       ptx::wgmma_wait<1>();
@@ -281,7 +288,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
-        dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + stat_row + 8 * j + 2 * (lane % 4)));
+        dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + srow + 8 * j + 2 * (lane % 4)));
       uint32_t p_a[kMSteps][4];
       acc_to_a<kF16>(acc_s, p_a);
 

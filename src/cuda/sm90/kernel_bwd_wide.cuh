@@ -41,7 +41,7 @@ struct WideSmem {
   uint64_t* empty_do;
 
   __device__ static WideSmem carve(uint8_t* raw) {
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    uint8_t* base = ptx::align_1024(raw);
     WideSmem s;
     s.k = base;
     s.v = s.k + Tile::kKVBytes;
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       const uint32_t q_st = q_base + stage * Tile::kQBytes;
       uint8_t* ds_buf = sm.ds + (it & 1) * Tile::kDSBytes;
       const uint32_t ds_st = ds_base + (it & 1) * Tile::kDSBytes;
-      const long long stat_row = (static_cast<long long>(batch) * a.heads + head) * a.m_pad + m * kBlockM;
+      const long long srow = stat_row<Tile>(a, batch, head, m);
 
       // Sᵀ = K·Qᵀ (warpgroup 0) or dPᵀ = V·dOᵀ (warpgroup 1): 64 keys × 64 queries, K = 256 in
       // 4 chunks of 4 k16 steps (+32 B inside a 128-byte row).
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       // Per-query statistics while the GEMM runs: LSE (warpgroup 0) or D (warpgroup 1) of this
       // thread's query columns 8j + 2(lane % 4) + {0, 1}.
       float2 stat[kBlockM / 8];
-      const float* stat_src = (g == 0 ? a.lse_log2 : a.dsum) + stat_row + 2 * (lane % 4);
+      const float* stat_src = (g == 0 ? a.lse_log2 : a.dsum) + srow + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) stat[j] = __ldg(reinterpret_cast<const float2*>(stat_src + 8 * j));
       ptx::wgmma_wait<0>();

@@ -44,7 +44,7 @@ struct Smem {
   uint64_t* empty_v;
 
   __device__ static Smem carve(uint8_t* raw) {
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    uint8_t* base = ptx::align_1024(raw);
     Smem s;
     s.q = base;
     s.k = base + Tile::kQBytes;

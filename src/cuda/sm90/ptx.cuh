@@ -56,6 +56,11 @@ __device__ __forceinline__ void tma_load_5d(void* sdst, const CUtensorMap* map, 
 }
 // dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
 // instruction instead of one atomic per element pair); completes as a bulk group (commit below).
+// The first 1024-byte boundary at or after p: where a kernel's dynamic shared memory is carved from
+// (128B-swizzled TMA tiles need 1024-byte alignment, hopper-sm90.md §2).
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* p) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 1023) & ~uintptr_t(1023));
+}
 // Asks L2 to fetch `bytes` (a multiple of 16) from a 16-byte aligned global address; no completion.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* gsrc, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gsrc), "r"(bytes) : "memory");

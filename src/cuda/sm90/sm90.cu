@@ -90,13 +90,15 @@ bool strides_ok(const detail::TensorRef& t) {  // TMA: global strides multiple o
          t.row_stride >= 0 && t.head_stride >= 0 && t.batch_stride >= 0;
 }
 
+int env_knob(const char* name, int unset) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : unset;
+}
+
 namespace {
 // fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
 int fwd_block_m_for(const detail::Params& p) {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_FWD_BLOCK_M");
-    return v ? std::atoi(v) : 0;
-  }();
+  static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
   if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
   return fwd_block_m(int(p.head_dim), p.causal, p.seqlen_q, p.seqlen_k);
 }
@@ -104,20 +106,13 @@ int fwd_block_m_for(const detail::Params& p) {
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
 // tile per CTA) or 2 (snake) for measurements.
 int fwd_sched_forced() {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_FWD_SCHED");
-    const int m = v && *v ? std::atoi(v) : -1;
-    return m >= 0 && m <= 2 ? m : -1;
-  }();
-  return forced;
+  static const int m = env_knob("FLASHATTN_SM90_FWD_SCHED", -1);
+  return m >= 0 && m <= 2 ? m : -1;
 }
 
 // fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N=176 at d128 with 128-row tiles (measurements).
 int fwd_block_n_for(const detail::Params& p, int block_m) {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_FWD_BLOCK_N");
-    return v ? std::atoi(v) : 0;
-  }();
+  static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_N", 0);
   if (forced == 176 && p.head_dim == 128 && block_m == 128) return 176;
   return fwd_block_n(int(p.head_dim));
 }
@@ -170,10 +165,7 @@ void forward(const detail::Params& p) {
   a.block_m = block_m;
   a.block_n = block_n;
   a.sched = fwd_sched_forced();
-  static const bool serial = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_FWD_SERIAL");
-    return v && *v == '1';
-  }();
+  static const bool serial = env_knob("FLASHATTN_SM90_FWD_SERIAL", 0) == 1;
   a.serial_softmax = serial;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;

@@ -29,10 +29,7 @@ cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) 
 // grid pays at d64/d128 non-causal (+7–14 % at N = 512, +1–2 % at 8192) and loses 3–9 % causal
 // (session 4, run 3).
 int bwd_flags(int d, bool causal) {
-  static const int forced = [] {
-    const char* v = std::getenv("FLASHATTN_SM90_BWD_FLAGS");
-    return v && *v ? std::atoi(v) : -1;
-  }();
+  static const int forced = env_knob("FLASHATTN_SM90_BWD_FLAGS", -1);
   if (forced >= 0) return forced;
   return d <= 128 && !causal ? kBwdPersistent : 0;
 }

@@ -7,7 +7,9 @@ on the FlashAttention grid's shapes, one process per variant, bf16, TFLOP/s (2.5
 
 --var NAME varies another environment variable instead (its values in --flags), e.g.
 --var FLASHATTN_CUDA_SCRATCH_CACHE --flags 0,1073741824; --fwd times the forward instead (4 x FLOPs),
-e.g. --fwd --var FLASHATTN_SM90_FWD_SCHED --flags static,dynamic.
+e.g. --fwd --var FLASHATTN_SM90_FWD_SCHED --flags static,dynamic. --var LIB compares builds: the
+values are labels of --libs label=path,… (a trailing x repeats a label: run-order bias), e.g.
+--var LIB --flags new,base,newx,basex --libs new=build-gpu/libflashattn_torch_shim.so,base=….
 
 Variants that drop work (flag 4: no dQ atomics) give wrong gradients on purpose: they only show
 what the dropped part costs. The comparison with PyTorch lives in compare_torch.py --bench.
@@ -52,7 +54,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--fwd", action="store_true", help="time the forward, not the backward")
+    ap.add_argument("--libs", default="", help="with --var LIB: label=path,… ")
     a = ap.parse_args()
+    libs = dict(x.split("=", 1) for x in a.libs.split(",") if x)
     dims = [int(x) for x in a.dims.split(",")]
     seqlens = [int(x) for x in a.seqlens.split(",")]
     if a.child:
@@ -60,8 +64,12 @@ def main():
         return
     table = {}
     for f in a.flags.split(","):
-        env = dict(os.environ, **{a.var: f})
-        r = subprocess.run([sys.executable, __file__, "--child", "--lib", a.lib, "--dims", a.dims, "--seqlens",
+        lib = a.lib
+        if a.var == "LIB":
+            env, lib = dict(os.environ), libs[f.rstrip("x")]
+        else:
+            env = dict(os.environ, **{a.var: f})
+        r = subprocess.run([sys.executable, __file__, "--child", "--lib", lib, "--dims", a.dims, "--seqlens",
                             a.seqlens, "--reps", str(a.reps)] + (["--fwd"] if a.fwd else []), env=env, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{a.var}={f}: FAILED\n{r.stderr[-2000:]}", flush=True)

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """One forward + backward call of the library through the PyTorch shim, for profilers (ncu):
-a warm-up pair first, then the pair to profile. bf16, the FlashAttention grid's batch and heads
+a warm-up pair first, then the pair to profile (inside the NVTX range "prof"). --impl cudnn/fa2
+runs PyTorch's SDPA with that backend instead (forward only unless --bwd), for comparing
+counters of the peers' kernels (ncu --nvtx --nvtx-include "prof/"). bf16, the FlashAttention grid's batch and heads
 (batch·N = 16384 tokens, heads·d = 2048) unless given.
 
     ncu --kernel-name regex:bwd --launch-skip 1 --launch-count 1 python3 bench/one_call.py \
@@ -16,6 +18,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_torch import Lib  # noqa: E402
 
 
+_lib = None
+
+
+def one_ours(a, q, k, v, do):
+    global _lib
+    if _lib is None:
+        _lib = Lib(a.lib)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], a.N, device="cuda")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+    _lib.forward(q, k, v, o, lse, causal=a.causal)
+    _lib.backward(q, k, v, o, do, lse, dq, dk, dv, causal=a.causal)
+
+
+def one_peer(a, q, k, v, do):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = SDPBackend.CUDNN_ATTENTION if a.impl == "cudnn" else SDPBackend.FLASH_ATTENTION
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(a.bwd) for x in (q, k, v))
+    with sdpa_kernel(be):
+        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=a.causal)
+        if a.bwd:
+            o.backward(do.transpose(1, 2))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -23,17 +48,24 @@ def main():
     ap.add_argument("-N", type=int, default=8192)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--impl", choices=["ours", "cudnn", "fa2"], default="ours")
+    ap.add_argument("--bwd", action="store_true", help="peers: also the backward")
     a = ap.parse_args()
-    lib = Lib(a.lib)
     b, h = max(1, 16384 // a.N), 2048 // a.d
     q = torch.randn(b, a.N, h, a.d, device="cuda", dtype=torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-    o, lse = torch.empty_like(q), torch.empty(b, h, a.N, device="cuda")
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
-    for _ in range(a.calls):
-        lib.forward(q, k, v, o, lse, causal=a.causal)
-        lib.backward(q, k, v, o, do, lse, dq, dk, dv, causal=a.causal)
-    torch.cuda.synchronize()
+    for i in range(a.calls):
+        last = i == a.calls - 1
+        torch.cuda.synchronize()
+        if last:
+            torch.cuda.nvtx.range_push("prof")
+        if a.impl == "ours":
+            one_ours(a, q, k, v, do)
+        else:
+            one_peer(a, q, k, v, do)
+        torch.cuda.synchronize()
+        if last:
+            torch.cuda.nvtx.range_pop()
     print(f"ok: d{a.d} N={a.N} b{b} h{h} causal={a.causal}")
 
 

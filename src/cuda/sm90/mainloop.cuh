@@ -141,7 +141,9 @@ struct Consumer {
   static constexpr int kPSteps = kBlockN / 16;  // k16 slices of P·V
 
   float acc_o[kORegs];  // (64, D) fp32, fragment layout §1.3
-  FragmentSoftmax<kBlockN> softmax;
+  // Row max/sum over 4 independent chains where measured faster (softmax.cuh).
+  static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
+  FragmentSoftmax<kBlockN, kSoftmaxChains> softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
   __device__ __forceinline__ static void issue_qk(float (&acc_s)[kSRegs], uint32_t q_base, uint32_t k_base) {

@@ -110,11 +110,11 @@ int fwd_sched_forced() {
   return m >= 0 && m <= 2 ? m : -1;
 }
 
-// fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N=176 at d128 with 128-row tiles (measurements).
+// fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N = 128 or 176 at d128 with 128-row tiles (measurements).
 int fwd_block_n_for(const detail::Params& p, int block_m) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_N", 0);
-  if (forced == 176 && p.head_dim == 128 && block_m == 128) return 176;
-  return fwd_block_n(int(p.head_dim));
+  if ((forced == 128 || forced == 176) && p.head_dim == 128 && block_m == 128) return forced;
+  return fwd_block_n(int(p.head_dim), p.seqlen_k);
 }
 
 template <int kHeadDim, bool kF16>

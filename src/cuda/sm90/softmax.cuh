@@ -19,7 +19,7 @@
 namespace flashattn::cuda::sm90 {
 
 
-template <int kBlockN>
+template <int kBlockN, int kChains = 1>
 struct FragmentSoftmax {
   static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
   SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
@@ -42,25 +42,68 @@ struct FragmentSoftmax {
 
   // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities
   // (in place, fp32) and returns the factor acc_o must be multiplied by, per row half.
+  // kChains > 1 splits each row's maximum and sum over that many independent accumulators
+  // (register column group r/4 mod kChains), combined at the end: while the other warpgroup's GEMMs
+  // run, one warp has each SM sub-partition to itself, so a single 32-long chain of dependent FMNMX
+  // is paid in full on every tile. Measured (docs/perf-log.md, session 5): +4–9 % at d128 and
+  // +2–4 % at d64 causal, but −5 % at d64 non-causal (three consumer warpgroups at 160 registers)
+  // and −4 % at d256 causal even with the two halves merely reordered, so kChains = 1 keeps the
+  // one-half-at-a-time order there (Consumer picks it, mainloop.cuh).
   __device__ __forceinline__ void step(float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2]) {
+    if constexpr (kChains == 1) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int r = 0; r < kRegs; ++r)
-        if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc_s[r]);
-      mx = quad_max(mx);
-      rescale[h] = state[h].begin_tile(mx * scale_log2);  // -inf stays -inf: masked tile, no change
-      // exp_offset() is 0 while the row has seen no key, so 2^(-inf - 0) = 0, never NaN.
-      const float offset = state[h].exp_offset();
-      float sum = 0.f;
+        for (int r = 0; r < kRegs; ++r)
+          if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc_s[r]);
+        mx = quad_max(mx);
+        rescale[h] = state[h].begin_tile(mx * scale_log2);  // -inf stays -inf: masked tile, no change
+        // exp_offset() is 0 while the row has seen no key, so 2^(-inf - 0) = 0, never NaN.
+        const float offset = state[h].exp_offset();
+        float sum = 0.f;
 #pragma unroll
-      for (int r = 0; r < kRegs; ++r)
-        if (((r >> 1) & 1) == h) {
-          acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset));
-          sum += acc_s[r];
-        }
-      state[h].add_sum(sum);
+        for (int r = 0; r < kRegs; ++r)
+          if (((r >> 1) & 1) == h) {
+            acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset));
+            sum += acc_s[r];
+          }
+        state[h].add_sum(sum);
+      }
+    } else {
+      float mx[2][kChains];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) mx[h][c] = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) {
+        float& m = mx[(r >> 1) & 1][(r >> 2) % kChains];
+        m = fmaxf(m, acc_s[r]);
+      }
+      float offset[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float m = mx[h][0];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[h][c]);
+        rescale[h] = state[h].begin_tile(quad_max(m) * scale_log2);
+        offset[h] = state[h].exp_offset();
+      }
+      float sum[2][kChains] = {};
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) {
+        const int h = (r >> 1) & 1;
+        acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
+        sum[h][(r >> 2) % kChains] += acc_s[r];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float total = sum[h][0];
+#pragma unroll
+        for (int c = 1; c < kChains; ++c) total += sum[h][c];
+        state[h].add_sum(total);
+      }
     }
   }
 

@@ -30,10 +30,15 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
   return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
 }
 
-// The key tile: 128 (d64, d128) or 80 (d256); d128 also has a 176-key instantiation (FA3's
-// non-causal choice; O then staged in sQ), chosen with FLASHATTN_SM90_FWD_BLOCK_N=176 for
-// measurements (sm90.cu) until a same-run A/B with the softmax/P·V overlap decides.
-inline int fwd_block_n(int head_dim) { return head_dim == 256 ? 80 : 128; }
+// The key tile: 128 (d64, d128) or 80 (d256); at d128 176 (FA3's non-causal choice; O then staged
+// in sQ) once there are at least 8192 keys: measured on the H200 with the 4-chain softmax (same
+// run, docs/perf-log.md session 5) +4–10 % non-causal and +1–3 % causal at N = 8192/16384, but
+// −1–2 % at 4096 and −4–6 % at 2048 (fewer, wider key tiles: more of a tile is masked or padding,
+// and the per-tile fill/drain weighs more).
+inline int fwd_block_n(int head_dim, long long seqlen_k) {
+  if (head_dim == 256) return 80;
+  return head_dim == 128 && seqlen_k >= 8192 ? 176 : 128;
+}
 
 template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = (kHeadDim == 256 ? 80 : 128)>
 struct FwdTile {

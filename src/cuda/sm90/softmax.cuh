@@ -26,18 +26,22 @@ struct FragmentSoftmax {
 
   // Masks scores of keys the row cannot see: key >= k_len, or (causal) key > row + k_len - q_len.
   // key0 = first key of the tile, row0 = this thread's half-0 query row; both sequence-local.
+  // Both bounds fold into one last visible column per row half, relative to this thread's first
+  // column, so each score costs one compare against a constant and one select.
   template <bool kCausal>
   __device__ __forceinline__ static void mask(float (&acc_s)[kRegs], int key0, int row0, int k_len,
                                               int q_len) {
-    const int lane = threadIdx.x % 32;
+    const int first = key0 + 2 * (threadIdx.x % 4);  // this thread's key in column 0 of the tile
+    int last[2];                                      // last visible column − first, per row half
 #pragma unroll
-    for (int r = 0; r < kRegs; ++r) {
-      const int key = key0 + 8 * (r >> 2) + 2 * (lane % 4) + (r & 1);
-      const int row = row0 + 8 * ((r >> 1) & 1);
-      bool visible = key < k_len;
-      if (kCausal) visible = visible && key <= row + k_len - q_len;
-      if (!visible) acc_s[r] = -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      int bound = k_len - 1;
+      if (kCausal) bound = min(bound, (k_len - q_len) + row0 + 8 * h);
+      last[h] = bound - first;
     }
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r)
+      if (8 * (r >> 2) + (r & 1) > last[(r >> 1) & 1]) acc_s[r] = -INFINITY;
   }
 
   // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities

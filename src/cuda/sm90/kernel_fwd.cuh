@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     if (threadIdx.x == 0)
       for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
         const TileCoord tc = sched.coord(idx);
-        const int n_blocks = key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k);
+        const int n_blocks = tile_key_blocks<Tile, kCausal>(a, tc);
         producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, n_blocks);
       }
   } else {
@@ -47,11 +47,11 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     // The ping-pong turns run across tiles (mainloop.cuh): find this CTA's last tile with keys.
     int last_work = -1;
     for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k))
-      if (key_blocks<Tile, kCausal>(sched.coord(idx).m_block, a.seqlen_q, a.seqlen_k) > 0) last_work = k;
+      if (tile_key_blocks<Tile, kCausal>(a, sched.coord(idx)) > 0) last_work = k;
     bool first_work = true;
     for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
       const TileCoord tc = sched.coord(idx);
-      const int n_blocks = key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k);
+      const int n_blocks = tile_key_blocks<Tile, kCausal>(a, tc);
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
       c.run(a, sm, ps, wg - 1, tc.m_block, n_blocks, first_work, k == last_work);
       if (n_blocks > 0) first_work = false;
@@ -76,14 +76,13 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
   cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
   if (e != cudaSuccess) return e;
-  int dev = 0, sms = 0, l2 = 0;
+  int dev = 0, sms = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) != cudaSuccess) return e;
   FwdArgs a = args;
-  const int tiles = a.m_blocks * a.heads * a.batch;
-  if (a.sched < 0) a.sched = sched_mode(kCausal, 4LL * a.seqlen_k * kHeadDim, tiles < sms ? tiles : sms, l2);
-  kernel<<<grid_size(a.sched, tiles, sms), Tile::kThreads, smem, stream>>>(a);
+  const long long heads_batch = (long long)a.heads * a.batch;
+  if (a.sched < 0 || (!kCausal && a.sched != kStrided && a.sched != kOnePerCta)) a.sched = sched_mode(kCausal, a.m_blocks, heads_batch, sms);
+  kernel<<<grid_size(a.sched, a.m_blocks, heads_batch, sms), Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -23,6 +23,7 @@
 #include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
+#include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_size.hpp"
 #include "cuda/sm90/wgmma.cuh"
@@ -80,6 +81,12 @@ __device__ __forceinline__ int key_blocks(int m_block, int seqlen_q, int seqlen_
   int end = seqlen_k;
   if (kCausal) end = min(seqlen_k, (m_block + 1) * Tile::kBlockM + seqlen_k - seqlen_q);
   return end <= 0 ? 0 : (end + Tile::kBlockN - 1) / Tile::kBlockN;
+}
+
+// The key tiles of a scheduled tile: 0 for a virtual one (scheduler.cuh, kPaired with odd M).
+template <class Tile, bool kCausal>
+__device__ __forceinline__ int tile_key_blocks(const FwdArgs& a, const TileCoord& tc) {
+  return tc.m_block < a.m_blocks ? key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k) : 0;
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------

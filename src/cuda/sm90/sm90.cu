@@ -104,10 +104,10 @@ int fwd_block_m_for(const detail::Params& p) {
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
-// tile per CTA) or 2 (snake) for measurements.
+// tile per CTA), 2 (snake) or 3 (paired; causal only) for measurements.
 int fwd_sched_forced() {
   static const int m = env_knob("FLASHATTN_SM90_FWD_SCHED", -1);
-  return m >= 0 && m <= 2 ? m : -1;
+  return m >= 0 && m <= 3 ? m : -1;
 }
 
 // fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N = 128 or 176 at d128 with 128-row tiles (measurements).
@@ -134,8 +134,8 @@ bool supports(const detail::Params& p) {
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;
   if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31)) return false;
-  // tile count m_blocks · heads · batch must fit an int (grid x)
-  if ((p.seqlen_q + 127) / 128 * p.heads * p.batch >= (int64_t(1) << 31)) return false;
+  // tile slots (m_blocks · heads · batch, paired: m_blocks · (heads · batch + 1)) must fit an int
+  if ((p.seqlen_q + 127) / 128 * (p.heads * p.batch + 1) >= (int64_t(1) << 31)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
   return device_is_sm90();
 }

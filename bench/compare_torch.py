@@ -229,25 +229,8 @@ def check(lib):
     return fails
 
 
-def median_ms(fn, reps, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
-def stream_ms(fn, reps, batch=10, warmup=3):
-    """Mean time per call of `batch` calls issued back to back (no host synchronization between
-    them), the median over `reps` such batches. This is what a training or serving loop sees: a
-    call's host work (argument packing, checks, launch) overlaps the previous call's kernels
-    whenever it is shorter, as in FlashAttention's own benchmarks (torch.utils.benchmark). median_ms
-    instead starts every call on an idle GPU, so its host work is part of each sample."""
+def _call_times(fn, reps, batch, warmup):
+    """Per-call ms of `reps` samples, each `batch` calls issued between two CUDA events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -260,7 +243,21 @@ def stream_ms(fn, reps, batch=10, warmup=3):
         b.record()
         b.synchronize()
         ts.append(a.elapsed_time(b) / batch)
-    return statistics.median(ts)
+    return ts
+
+
+def median_ms(fn, reps, warmup=3):
+    """Median time of one call started on an idle GPU: its host work is part of every sample."""
+    return statistics.median(_call_times(fn, reps, 1, warmup))
+
+
+def stream_ms(fn, reps, batch=10, warmup=3):
+    """Mean time per call of `batch` calls issued back to back (no host synchronization between
+    them), the median over `reps` such batches. This is what a training or serving loop sees: a
+    call's host work (argument packing, checks, launch) overlaps the previous call's kernels
+    whenever it is shorter, as in FlashAttention's own benchmarks (torch.utils.benchmark). median_ms
+    instead starts every call on an idle GPU, so its host work is part of each sample."""
+    return statistics.median(_call_times(fn, reps, batch, warmup))
 
 
 def bench(lib, dims, seqlens, dtype, reps, out_json):

@@ -75,12 +75,8 @@ struct Smem {
   static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 2 * Tile::kStages);
 
   __device__ void init_barriers() {
-    ptx::mbar_init(full_kv, 1);
-    ptx::mbar_init(empty_kv, Tile::kConsumerWGs);
-    for (int s = 0; s < Tile::kStages; ++s) {
-      ptx::mbar_init(full + s, 1);
-      ptx::mbar_init(empty + s, Tile::kConsumerWGs);
-    }
+    ptx::mbar_init_ring(full_kv, empty_kv, 1, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full, empty, Tile::kStages, Tile::kConsumerWGs);
     ptx::fence_barrier_init();
   }
 };

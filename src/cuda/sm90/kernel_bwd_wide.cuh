@@ -61,14 +61,9 @@ struct WideSmem {
   static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (4 + 2 * Tile::kStages);
 
   __device__ void init_barriers() {
-    ptx::mbar_init(full_kv, 1);
-    ptx::mbar_init(empty_kv, Tile::kConsumerWGs);
-    for (int s = 0; s < Tile::kStages; ++s) {
-      ptx::mbar_init(full_q + s, 1);
-      ptx::mbar_init(empty_q + s, Tile::kConsumerWGs);
-    }
-    ptx::mbar_init(full_do, 1);
-    ptx::mbar_init(empty_do, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full_kv, empty_kv, 1, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full_q, empty_q, Tile::kStages, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full_do, empty_do, 1, Tile::kConsumerWGs);
     ptx::fence_barrier_init();
   }
 };

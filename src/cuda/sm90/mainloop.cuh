@@ -63,14 +63,9 @@ struct Smem {
   static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 4 * Tile::kStages);
 
   __device__ void init_barriers() {
-    ptx::mbar_init(full_q, 1);
-    ptx::mbar_init(empty_q, Tile::kConsumerWGs);
-    for (int s = 0; s < Tile::kStages; ++s) {
-      ptx::mbar_init(full_k + s, 1);
-      ptx::mbar_init(full_v + s, 1);
-      ptx::mbar_init(empty_k + s, Tile::kConsumerWGs);  // one arrival per consumer warpgroup
-      ptx::mbar_init(empty_v + s, Tile::kConsumerWGs);
-    }
+    ptx::mbar_init_ring(full_q, empty_q, 1, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full_k, empty_k, Tile::kStages, Tile::kConsumerWGs);
+    ptx::mbar_init_ring(full_v, empty_v, Tile::kStages, Tile::kConsumerWGs);
     ptx::fence_barrier_init();
   }
 };

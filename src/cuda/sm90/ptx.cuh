@@ -18,6 +18,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
+// A ring of `stages` full/empty pairs: full[s] completes on one arrival (the producer's
+// arrive_expect_tx; the transaction bytes finish it), empty[s] on one per consumer warpgroup.
+__device__ __forceinline__ void mbar_init_ring(uint64_t* full, uint64_t* empty, int stages, uint32_t consumers) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(full + s, 1);
+    mbar_init(empty + s, consumers);
+  }
+}
 // Makes the inits visible to the async proxy (TMA); follow with __syncthreads().
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");

@@ -285,4 +285,52 @@ TEST(OnlineSoftmax, StepwiseEqualsUpdate) {
   }
 }
 
+// The lazy maximum (begin_tile_lazy, the Hopper forward's): the same output and LSE as the direct
+// softmax, with rescales skipped while a tile's maximum stays within `slack` of the running one and
+// probabilities bounded by exp(slack); masked tiles and an empty start behave as in begin_tile.
+TEST(OnlineSoftmax, LazyMaximumMatchesDirect) {
+  FA_SEED_TRACE();
+  std::mt19937_64 rng(fa_test::test_seed());
+  std::uniform_real_distribution<double> u(-1, 1), mask_u(0, 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + trial % 97, tile = 1 + trial % 13, dim = 1 + trial % 5;
+    const double spread = trial % 3 == 0 ? 30.0 : trial % 3 == 1 ? 3.0 : 0.3;
+    const double drift = trial % 2 ? 0.5 : 0.0;  // rising scores: the maximum keeps moving
+    std::vector<double> s(static_cast<size_t>(n)), v(size_t(n) * size_t(dim));
+    for (int j = 0; j < n; ++j) s[size_t(j)] = mask_u(rng) < 0.2 ? -kInf : spread * u(rng) + drift * j;
+    for (double& x : v) x = u(rng);
+    const double slack = trial % 4 == 0 ? 0.0 : 4.0;
+    SoftmaxState<double> st;
+    std::vector<double> acc(size_t(dim), 0.0);
+    int skipped = 0;
+    for (int j0 = 0; j0 < n; j0 += tile) {
+      const int j1 = std::min(n, j0 + tile);
+      double tmax = -kInf;
+      for (int j = j0; j < j1; ++j) tmax = std::max(tmax, s[size_t(j)]);
+      const double rescale = st.begin_tile_lazy(tmax, slack);
+      if (rescale == 1.0) ++skipped;
+      for (double& a : acc) a *= rescale;
+      double sum = 0;
+      for (int j = j0; j < j1; ++j) {
+        const double p = st.prob(s[size_t(j)]);
+        ASSERT_LE(p, std::exp(slack) * (1 + 1e-12)) << "probabilities stay below exp(slack)";
+        sum += p;
+        for (int c = 0; c < dim; ++c) acc[size_t(c)] += p * v[size_t(j) * size_t(dim) + size_t(c)];
+      }
+      st.add_sum(sum);
+    }
+    std::vector<double> out(static_cast<size_t>(dim));
+    const double lse = st.finalize(acc.data(), dim, out.data());
+    const Direct d = direct(s, v, dim);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " slack " << slack << " skipped " << skipped);
+    if (d.lse == -kInf) {
+      EXPECT_EQ(lse, -kInf);
+      for (double o : out) EXPECT_EQ(o, 0.0);
+      continue;
+    }
+    EXPECT_NEAR(lse, d.lse, 1e-12 * std::max(1.0, std::abs(d.lse)));
+    for (int c = 0; c < dim; ++c) EXPECT_NEAR(out[size_t(c)], d.out[size_t(c)], 1e-12) << "column " << c;
+  }
+}
+
 }  // namespace

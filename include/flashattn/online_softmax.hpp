@@ -64,6 +64,16 @@ struct SoftmaxState {
     return rescale;
   }
 
+  // Step 1 with a lazy maximum (FA4's conditional rescaling): a tile whose maximum exceeds row_max
+  // by at most `slack` (in this state's units) leaves row_max stale and returns 1, so the caller
+  // can skip rescaling acc; its probabilities are then up to exp(slack) instead of at most 1, and
+  // row_sum, acc and the final LSE all use the same stale maximum, so the result is unchanged up to
+  // rounding. A larger jump, or the row's first keys, update as begin_tile does.
+  FLASHATTN_HD Acc begin_tile_lazy(Acc tile_max, Acc slack) {
+    if (row_max != softmax_math::neg_inf<Acc>() && !(tile_max > row_max + slack)) return Acc(1);
+    return begin_tile(tile_max);
+  }
+
   // Step 2: the tile's probabilities prob(score) have been summed by the caller.
   FLASHATTN_HD void add_sum(Acc tile_sum) { row_sum += tile_sum; }
 

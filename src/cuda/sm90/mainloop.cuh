@@ -145,7 +145,9 @@ struct Consumer {
   float acc_o[kORegs];  // (64, D) fp32, fragment layout §1.3
   // Row max/sum over 4 independent chains where measured faster (softmax.cuh).
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
-  FragmentSoftmax<kBlockN, kSoftmaxChains> softmax;
+  static constexpr bool kLazyRescale = kHeadDim == 256 || kCausal;  // FragmentSoftmax::kLazy
+  using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
+  Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
   __device__ __forceinline__ static void issue_qk(float (&acc_s)[kSRegs], uint32_t q_base, uint32_t k_base) {
@@ -252,7 +254,7 @@ struct Consumer {
       ptx::fence_operand(acc_o);
       ptx::fence_operand(p);  // keeps p's registers untouched until the RS wgmma has read them
       if (t == 0) ptx::mbar_arrive(sm.empty_v + prev);
-      FragmentSoftmax<kBlockN>::rescale_o(acc_o, rescale);
+      if (Softmax::needs_rescale(rescale)) Softmax::rescale_o(acc_o, rescale);
       convert_p(acc_s, p);
     }
 

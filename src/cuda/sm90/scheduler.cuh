@@ -16,11 +16,11 @@
 //       keys, nothing loaded or stored).
 //   kOnePerCta (causal, fewer pairs than SMs): grid = tiles; the hardware block scheduler hands
 //       the heaviest remaining tile to whichever SM frees up first.
-//   kSnake (measurements only, FLASHATTN_SM90_FWD_SCHED=2): persistent; tiles ordered heaviest
+//   kSnake (causal d64, at least as many pairs as SMs): persistent; tiles ordered heaviest
 //       first over all heads, round r gives CTA c tile r·G + c (r even) or r·G + G−1−c (r odd).
 //       Balanced, but a head's query blocks run rounds apart: with many heads its K/V has left L2
 //       in between (session 5: at N = 512, 512 heads' K/V = 128 MiB re-read from DRAM per query
-//       block). It was the short-causal default until session 5.
+//       block). It was the short-causal default until session 5; d64 keeps it (sched_mode).
 #pragma once
 
 #include "cuda/sm90/launch.hpp"
@@ -73,9 +73,12 @@ struct TileScheduler {
 
 // The grid's mode when the host does not force one.
 inline long long paired_units(int m_blocks, long long heads_batch) { return m_blocks * ((heads_batch + 1) / 2); }
-inline int sched_mode(bool causal, int m_blocks, long long heads_batch, int sm_count) {
+// Causal d64 takes the snake: its kernel times (CUPTI, H200, session 6) were 5–6 % shorter than
+// paired at N = 512 and 8192 (d128/d256: paired 7–13 % shorter at N ≤ 2048, 2 % at 8192).
+inline int sched_mode(bool causal, int head_dim, int m_blocks, long long heads_batch, int sm_count) {
   if (!causal) return kStrided;
-  return paired_units(m_blocks, heads_batch) >= sm_count ? kPaired : kOnePerCta;
+  if (paired_units(m_blocks, heads_batch) < sm_count) return kOnePerCta;
+  return head_dim == 64 ? kSnake : kPaired;
 }
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {

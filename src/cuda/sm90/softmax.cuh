@@ -19,7 +19,7 @@
 namespace flashattn::cuda::sm90 {
 
 
-template <int kBlockN, int kChains = 1>
+template <int kBlockN, int kChains = 1, bool kLazy = false>
 struct FragmentSoftmax {
   static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
   SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
@@ -62,7 +62,7 @@ struct FragmentSoftmax {
         for (int r = 0; r < kRegs; ++r)
           if (((r >> 1) & 1) == h) mx = fmaxf(mx, acc_s[r]);
         mx = quad_max(mx);
-        rescale[h] = state[h].begin_tile(mx * scale_log2);  // -inf stays -inf: masked tile, no change
+        rescale[h] = begin_tile(state[h], mx * scale_log2);  // -inf stays -inf: masked tile, no change
         // exp_offset() is 0 while the row has seen no key, so 2^(-inf - 0) = 0, never NaN.
         const float offset = state[h].exp_offset();
         float sum = 0.f;
@@ -91,7 +91,7 @@ struct FragmentSoftmax {
         float m = mx[h][0];
 #pragma unroll
         for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[h][c]);
-        rescale[h] = state[h].begin_tile(quad_max(m) * scale_log2);
+        rescale[h] = begin_tile(state[h], quad_max(m) * scale_log2);
         offset[h] = state[h].exp_offset();
       }
       float sum[2][kChains] = {};
@@ -109,6 +109,24 @@ struct FragmentSoftmax {
         state[h].add_sum(total);
       }
     }
+  }
+
+  // kLazy (FA4's conditional rescaling): the running maximum moves only when a tile's maximum
+  // exceeds it by more than 2^8 (log2 units, SoftmaxState::begin_tile_lazy), so probabilities stay
+  // below 256 (fp16 and bf16 hold them with the same relative rounding) and, past a row's first key
+  // blocks, O needs no rescaling at all: the consumer skips rescale_o when no row of the warp moved
+  // (needs_rescale). Measured (docs/perf-log.md, session 6): +4–13 % at d256, +0–5 % at d128 causal,
+  // +1–3 % at d64 causal, neutral at d128 non-causal, −2–5 % at d64 non-causal (Consumer picks it).
+  static constexpr float kRescaleSlack = 8.f;
+  __device__ __forceinline__ static float begin_tile(SoftmaxState<float, true>& st, float tile_max) {
+    if constexpr (kLazy) return st.begin_tile_lazy(tile_max, kRescaleSlack);
+    return st.begin_tile(tile_max);
+  }
+  // Whether acc_o must be rescaled: always unless kLazy, else when any row of the warp moved
+  // (warp-uniform, so skipping does not diverge).
+  __device__ __forceinline__ static bool needs_rescale(const float (&rescale)[2]) {
+    if constexpr (!kLazy) return true;
+    return __any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f);
   }
 
   // acc_o (m64 × D fragment, same row halves) *= rescale.

@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--configs", default="64:512:0,64:512:1,128:512:1", help="d:N:causal,…")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--fwd-only", action="store_true", help="only the forwards of ours and cuDNN")
     a = ap.parse_args()
     lib = Lib(a.lib)
     for cfg in a.configs.split(","):
@@ -85,6 +86,8 @@ def main():
                 ot = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             runs.append((f"{name} fwd", lambda be=be: _sdpa(be, qt, kt, vt, causal)))
             runs.append((f"{name} bwd", lambda be=be, ot=ot: _grad(be, ot, qt, kt, vt, dot)))
+        if a.fwd_only:
+            runs = [r_ for r_ in runs if r_[0] in ("ours fwd", "cudnn fwd")]
         print(f"== d{d} N={n} b{b} h{h} causal={causal}")
         for name, fn in runs:
             try:

@@ -11,6 +11,17 @@
 #include <stdexcept>
 #include <string>
 
+// The library is compiled with hidden symbol visibility; only what this header declares is
+// exported. Without it every function-local static of an inline or template function (the
+// per-kernel "shared-memory attribute set" flags, the knob caches) became a GNU unique symbol,
+// shared by every copy of the library loaded into one process: a second copy skipped its own
+// cudaFuncSetAttribute and its launches failed (session 6, docs/perf-log.md).
+#if defined(__GNUC__) || defined(__clang__)
+#define FLASHATTN_API __attribute__((visibility("default")))
+#else
+#define FLASHATTN_API
+#endif
+
 namespace flashattn {
 
 enum class DType { f32, f16, bf16 };
@@ -31,7 +42,7 @@ struct Tensor {
 };
 
 // A densely packed (row-major) view of `data` with the given shape.
-Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4> shape,
+FLASHATTN_API Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4> shape,
                    Device device = Device::cpu);
 
 struct Options {
@@ -51,11 +62,11 @@ struct Options {
 };
 
 // out (B, Nq, H, d) = attention(q, k, v); lse (B, H, Nq, 1) fp32, may be null.
-void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+FLASHATTN_API void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse, const Options& options = {});
 
 // Gradients of forward. `out` and `lse` are what forward returned for the same inputs.
-void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+FLASHATTN_API void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
               const Tensor& dv, const Options& options = {});
 
@@ -63,7 +74,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
 // what was given. Nothing is written when an Error is raised by argument checking.
 // kind() tells a wrong dtype or device (type) from a wrong shape, stride or value (value); the
 // Python package maps them to TypeError and ValueError.
-class Error : public std::runtime_error {
+class FLASHATTN_API Error : public std::runtime_error {
  public:
   enum class Kind { value, type };
   explicit Error(const std::string& what, Kind kind = Kind::value) : std::runtime_error(what), kind_(kind) {}
@@ -73,13 +84,13 @@ class Error : public std::runtime_error {
   Kind kind_;
 };
 
-const char* to_string(DType dtype);
-const char* to_string(Device device);
-const char* to_string(Algorithm algorithm);
-size_t element_size(DType dtype);
+FLASHATTN_API const char* to_string(DType dtype);
+FLASHATTN_API const char* to_string(Device device);
+FLASHATTN_API const char* to_string(Algorithm algorithm);
+FLASHATTN_API size_t element_size(DType dtype);
 
 // Which backends this build holds and what they run on.
-bool cuda_available();  // built with CUDA and a device is present
-std::string build_info();
+FLASHATTN_API bool cuda_available();  // built with CUDA and a device is present
+FLASHATTN_API std::string build_info();
 
 }  // namespace flashattn

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.dlpack import to_dlpack as _dl
 
 from . import _flashattn as _C
 
@@ -33,6 +34,14 @@ def _launch_options(q: Tensor, scale, causal, window_left, window_right, softcap
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                 max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                 algorithm=algorithm, deterministic=bool(deterministic), stream=stream)
+
+
+def _capsules(opts: dict) -> dict:
+    # cu_seqlens tensors as DLPack capsules too (see _forward).
+    for key in ("cu_seqlens_q", "cu_seqlens_k"):
+        if opts[key] is not None:
+            opts[key] = _dl(opts[key])
+    return opts
 
 
 def _last_dim_contiguous(t: Tensor) -> Tensor:
@@ -65,8 +74,11 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     opts = _launch_options(q, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
+    # Tensors go to the binding as DLPack capsules (to_dlpack: ~0.3 µs each) rather than as
+    # tensors, whose __dlpack__ method nanobind would call (~2.2 µs each, Python code in torch):
+    # 19 -> 8 µs per call on a tiny CPU problem (docs/perf-log.md, session 6).
     with _device_ctx(q):
-        _C.forward(q, k, v, out, lse, **opts)
+        _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), **_capsules(opts))
     return out, lse
 
 
@@ -95,7 +107,8 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     opts = _launch_options(q, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
     with _device_ctx(q):
-        _C.backward(q, k, v, out, dout.to(q.dtype), lse, dq, dk, dv, **opts)
+        _C.backward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(dout.to(q.dtype)), _dl(lse), _dl(dq), _dl(dk),
+                    _dl(dv), **_capsules(opts))
     return dq, dk, dv
 
 

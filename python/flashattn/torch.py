@@ -37,7 +37,7 @@ def _launch_options(q: Tensor, scale, causal, window_left, window_right, softcap
 
 
 def _capsules(opts: dict) -> dict:
-    # cu_seqlens tensors as DLPack capsules too (see _forward).
+    # cu_seqlens tensors as DLPack capsules too (see _forward_impl).
     for key in ("cu_seqlens_q", "cu_seqlens_k"):
         if opts[key] is not None:
             opts[key] = _dl(opts[key])
@@ -61,13 +61,9 @@ def _device_ctx(q: Tensor):
 
 
 # ---- custom ops --------------------------------------------------------------------------------
-@torch.library.custom_op("flashattn::forward", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window_left: int,
-             window_right: int, softcap: float, cu_seqlens_q: Optional[Tensor],
-             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-             algorithm: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
-    """out (B, Sq, H, D) in q's dtype and lse (B, H, Sq) float32. scale 0 = 1/sqrt(D).
-    deterministic is used by the backward only (kept here so autograd can pass it on)."""
+def _forward_impl(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
+    """The forward op's body (also called directly by attention()'s eager fast path)."""
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     B, Sq, H, D = q.shape
     out = torch.empty((B, Sq, H, D), dtype=q.dtype, device=q.device)
@@ -80,6 +76,17 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window
     with _device_ctx(q):
         _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), **_capsules(opts))
     return out, lse
+
+
+@torch.library.custom_op("flashattn::forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window_left: int,
+             window_right: int, softcap: float, cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+             algorithm: str, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, H, D) in q's dtype and lse (B, H, Sq) float32. scale 0 = 1/sqrt(D).
+    deterministic is used by the backward only (kept here so autograd can pass it on)."""
+    return _forward_impl(q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
 
 
 @_forward.register_fake
@@ -144,6 +151,31 @@ torch.library.register_autograd("flashattn::forward", _autograd_backward,
                                 setup_context=_setup_context)
 
 
+# ---- eager fast path ---------------------------------------------------------------------------
+# The custom op's dispatch (autograd wrapper, redispatch, the dynamo-disable wrapper) costs ~17 µs
+# per call in Python — more than the op's own body on a short call (docs/perf-log.md, session 6).
+# When nothing needs it — plain tensors, no gradient to record, no torch.compile / export tracing,
+# no dispatch or function mode, no functorch transform — attention() calls the body directly; the
+# result is the op's, bit for bit (test_eager_fast_path_matches_op). Any API this check relies on
+# being absent (another PyTorch version) turns the fast path off.
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_function_stack_len = getattr(torch._C, "_len_torch_function_stack", None)
+_functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+_FAST_PATH = None not in (_dispatch_stack_len, _function_stack_len, _functorch_level, _is_compiling)
+
+
+def _eager_fast_path(*tensors) -> bool:
+    if not _FAST_PATH:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+            return False
+    return (not _is_compiling() and _dispatch_stack_len() == 0 and _function_stack_len() == 0
+            and _functorch_level() is None)
+
+
 # ---- public functions --------------------------------------------------------------------------
 def _check_scale(scale) -> float:
     if scale is None:
@@ -173,10 +205,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
         raise ValueError(f"{missing}: expected an int32 tensor together with the other cu_seqlens, got None")
     wl, wr = (int(w) for w in window)
-    out, lse = torch.ops.flashattn.forward(
-        q, k, v, _check_scale(scale), bool(causal), wl, wr, float(softcap), cu_seqlens_q,
-        cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), _check_algorithm(algorithm),
-        bool(deterministic))
+    args = (q, k, v, _check_scale(scale), bool(causal), wl, wr, float(softcap), cu_seqlens_q,
+            cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), _check_algorithm(algorithm),
+            bool(deterministic))
+    if _eager_fast_path(q, k, v, cu_seqlens_q, cu_seqlens_k):
+        out, lse = _forward_impl(*args)
+    else:
+        out, lse = torch.ops.flashattn.forward(*args)
     return (out, lse) if return_lse else out
 
 

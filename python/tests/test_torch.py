@@ -247,6 +247,42 @@ def test_compile_fullgraph(backend):
         close(a, b, tol, "grad")
 
 
+# ---- eager fast path (attention() calls the op's body directly when nothing needs the op) ----------
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_fast_path_matches_op(device):
+    import flashattn.torch as ft
+
+    args = _op_args(device, wdt(device))
+    q, k, v = (t.detach() for t in args[:3])
+    assert ft._eager_fast_path(q, k, v), "plain tensors without grad take the fast path"
+    fast = ft.attention(q, k, v, causal=True, return_lse=True)
+    via_op = torch.ops.flashattn.forward(q, k, v, *args[3:])
+    for a, b in zip(fast, via_op):
+        assert torch.equal(a, b), "the fast path gives the op's result bit for bit"
+    # Gradients to record: the op (and its autograd formula) runs.
+    qg = q.clone().requires_grad_()
+    assert not ft._eager_fast_path(qg, k, v)
+    out = ft.attention(qg, k, v, causal=True)
+    assert out.grad_fn is not None
+    with torch.no_grad():
+        assert ft._eager_fast_path(qg, k, v), "no_grad: nothing to record"
+
+
+def test_eager_fast_path_not_under_tracing():
+    import flashattn.torch as ft
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = _op_args("cpu")
+    q, k, v = (t.detach() for t in args[:3])
+    with FakeTensorMode() as mode:  # export / make_fx trace with fake tensors and a dispatch mode
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        assert not ft._eager_fast_path(fq, fk, fv)
+        out = ft.attention(fq, fk, fv, causal=True)  # the op's fake kernel, no real computation
+        assert out.shape == q.shape
+    with torch.device("cpu"):  # a torch-function mode: left to the op
+        assert not ft._eager_fast_path(q, k, v)
+
+
 # ---- errors ------------------------------------------------------------------------------------
 def test_unsupported_arguments_raise():
     q, k, v = (torch.randn(1, 4, 2, 16) for _ in range(3))

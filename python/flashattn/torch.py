@@ -98,13 +98,9 @@ def _forward_fake(q, k, v, scale, causal, window_left, window_right, softcap, cu
     return out, lse
 
 
-@torch.library.custom_op("flashattn::backward", mutates_args=())
-def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-              scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-              max_seqlen_k: int, algorithm: str, deterministic: bool
-              ) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), dense, in q's dtype."""
+def _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap,
+                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
+    """The backward op's body (also called by the eager autograd path, _EagerAttention)."""
     dout = _last_dim_contiguous(dout)
     q, k, v = _last_dim_contiguous(q), _last_dim_contiguous(k), _last_dim_contiguous(v)
     out = _last_dim_contiguous(out)
@@ -117,6 +113,17 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
         _C.backward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(dout.to(q.dtype)), _dl(lse), _dl(dq), _dl(dk),
                     _dl(dv), **_capsules(opts))
     return dq, dk, dv
+
+
+@torch.library.custom_op("flashattn::backward", mutates_args=())
+def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+              max_seqlen_k: int, algorithm: str, deterministic: bool
+              ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv), dense, in q's dtype."""
+    return _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
 
 
 @_backward.register_fake
@@ -151,29 +158,64 @@ torch.library.register_autograd("flashattn::forward", _autograd_backward,
                                 setup_context=_setup_context)
 
 
-# ---- eager fast path ---------------------------------------------------------------------------
-# The custom op's dispatch (autograd wrapper, redispatch, the dynamo-disable wrapper) costs ~17 µs
-# per call in Python — more than the op's own body on a short call (docs/perf-log.md, session 6).
-# When nothing needs it — plain tensors, no gradient to record, no torch.compile / export tracing,
-# no dispatch or function mode, no functorch transform — attention() calls the body directly; the
-# result is the op's, bit for bit (test_eager_fast_path_matches_op). Any API this check relies on
-# being absent (another PyTorch version) turns the fast path off.
+# ---- eager paths ---------------------------------------------------------------------------------
+# The custom ops' dispatch costs more than their bodies on short calls (docs/perf-log.md, session 6;
+# CPU, B1 N16 H1 d64): ~17 µs per forward without gradients, ~70 µs with (torch.library's autograd
+# wrapper), against a ~8 µs body. In plain eager mode — plain tensors, no torch.compile / export
+# tracing, no dispatch or torch-function mode, no functorch transform — attention() therefore calls
+# the bodies directly: without a gradient to record the forward body alone, with one through
+# _EagerAttention, an autograd.Function over the same forward and backward bodies (the op's own
+# autograd formula, once differentiable like the op). Results equal the ops' bit for bit
+# (test_eager_paths_match_ops). Any API this check relies on being absent (another PyTorch version)
+# sends every call through the ops.
 _dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _function_stack_len = getattr(torch._C, "_len_torch_function_stack", None)
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-_FAST_PATH = None not in (_dispatch_stack_len, _function_stack_len, _functorch_level, _is_compiling)
+_EAGER_OK = None not in (_dispatch_stack_len, _function_stack_len, _functorch_level, _is_compiling)
 
 
-def _eager_fast_path(*tensors) -> bool:
-    if not _FAST_PATH:
+def _plain_eager(*tensors) -> bool:
+    """Whether the ops' bodies may run directly: plain tensors, nothing tracing or intercepting."""
+    if not _EAGER_OK:
         return False
-    grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+        if t is not None and type(t) is not Tensor:
             return False
     return (not _is_compiling() and _dispatch_stack_len() == 0 and _function_stack_len() == 0
             and _functorch_level() is None)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """forward/backward of the ops without their dispatch (see above); args as flashattn::forward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
+                cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
+        out, lse = _forward_impl(q, k, v, scale, causal, window_left, window_right, softcap,
+                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm,
+                                 deterministic)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k,
+                    algorithm, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        # lse is non-differentiable: its gradient is ignored, as in the op's formula.
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k, algorithm,
+         deterministic) = ctx.args
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left,
+                                    window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, algorithm, deterministic)
+        return (dq, dk, dv) + (None,) * 11
 
 
 # ---- public functions --------------------------------------------------------------------------
@@ -208,10 +250,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     args = (q, k, v, _check_scale(scale), bool(causal), wl, wr, float(softcap), cu_seqlens_q,
             cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), _check_algorithm(algorithm),
             bool(deterministic))
-    if _eager_fast_path(q, k, v, cu_seqlens_q, cu_seqlens_k):
-        out, lse = _forward_impl(*args)
-    else:
+    if not _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k):
         out, lse = torch.ops.flashattn.forward(*args)
+    elif _needs_grad(q, k, v):
+        out, lse = _EagerAttention.apply(*args)
+    else:
+        out, lse = _forward_impl(*args)
     return (out, lse) if return_lse else out
 
 

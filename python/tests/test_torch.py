@@ -247,28 +247,45 @@ def test_compile_fullgraph(backend):
         close(a, b, tol, "grad")
 
 
-# ---- eager fast path (attention() calls the op's body directly when nothing needs the op) ----------
+# ---- eager paths (attention() calls the ops' bodies directly when nothing needs the ops) ----------
 @pytest.mark.parametrize("device", DEVICES)
-def test_eager_fast_path_matches_op(device):
+def test_eager_paths_match_ops(device):
     import flashattn.torch as ft
 
-    args = _op_args(device, wdt(device))
+    args = list(_op_args(device, wdt(device)))
+    args[-1] = True  # deterministic backward: the two paths' gradients compare bitwise
     q, k, v = (t.detach() for t in args[:3])
-    assert ft._eager_fast_path(q, k, v), "plain tensors without grad take the fast path"
-    fast = ft.attention(q, k, v, causal=True, return_lse=True)
+    assert ft._plain_eager(q, k, v)
+    # No gradient to record: the forward body alone.
+    fast = ft.attention(q, k, v, causal=True, return_lse=True, deterministic=True)
     via_op = torch.ops.flashattn.forward(q, k, v, *args[3:])
     for a, b in zip(fast, via_op):
         assert torch.equal(a, b), "the fast path gives the op's result bit for bit"
-    # Gradients to record: the op (and its autograd formula) runs.
-    qg = q.clone().requires_grad_()
-    assert not ft._eager_fast_path(qg, k, v)
-    out = ft.attention(qg, k, v, causal=True)
-    assert out.grad_fn is not None
-    with torch.no_grad():
-        assert ft._eager_fast_path(qg, k, v), "no_grad: nothing to record"
+    # With gradients: the autograd.Function over the same bodies.
+    grads = []
+    for use_op in (False, True):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        if use_op:
+            out = torch.ops.flashattn.forward(qg, kg, vg, *args[3:])[0]
+        else:
+            out = ft.attention(qg, kg, vg, causal=True, deterministic=True)
+            assert type(out.grad_fn).__name__.startswith("_EagerAttention")
+        dout = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+        grads.append(torch.autograd.grad(out, (qg, kg, vg), dout))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b), "the eager autograd path gives the op's gradients bit for bit"
 
 
-def test_eager_fast_path_not_under_tracing():
+def test_eager_autograd_is_once_differentiable():
+    args = _op_args("cpu")
+    q, k, v = (t.detach().requires_grad_() for t in args[:3])
+    out = flashattn.torch.attention(q, k, v, causal=True)
+    (g,) = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), (q,))
+
+
+def test_eager_paths_not_under_tracing():
     import flashattn.torch as ft
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -276,11 +293,11 @@ def test_eager_fast_path_not_under_tracing():
     q, k, v = (t.detach() for t in args[:3])
     with FakeTensorMode() as mode:  # export / make_fx trace with fake tensors and a dispatch mode
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        assert not ft._eager_fast_path(fq, fk, fv)
+        assert not ft._plain_eager(fq, fk, fv)
         out = ft.attention(fq, fk, fv, causal=True)  # the op's fake kernel, no real computation
         assert out.shape == q.shape
     with torch.device("cpu"):  # a torch-function mode: left to the op
-        assert not ft._eager_fast_path(q, k, v)
+        assert not ft._plain_eager(q, k, v)
 
 
 # ---- errors ------------------------------------------------------------------------------------

@@ -95,14 +95,16 @@ def _stream_of(q: Any) -> int:
 
 
 def _for_c(a: Any):
-    """What nanobind receives: NumPy views for bf16, detached tensors for PyTorch."""
+    """What nanobind receives: NumPy views for bf16; for PyTorch, a DLPack capsule of the (detached)
+    tensor — torch.utils.dlpack.to_dlpack takes ~0.3 µs where nanobind calling the tensor's
+    __dlpack__ method takes ~2.2 µs (docs/perf-log.md, session 6)."""
     if a is None:
         return None
     if isinstance(a, np.ndarray):
         return _np_view(a)
     torch = _torch_module(a)
-    if torch is not None and a.requires_grad:
-        return a.detach()
+    if torch is not None:
+        return torch.utils.dlpack.to_dlpack(a.detach() if a.requires_grad else a)
     return a
 
 

@@ -201,6 +201,12 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 4, 1000, 1000, 16, 4, 128, {"causal": True}),
     (torch.bfloat16, 2, 2048, 2048, 8, 8, 64, {"causal": True}),  # d64 192-row tiles
     (torch.float16, 2, 1500, 700, 16, 16, 256, {"causal": True}),  # fully masked tiles too
+    # sliding-window causal (the Hopper forward's left window): windows across key-tile edges,
+    # Nk > Nq, Nq > Nk (masked rows), 192-row d64 tiles
+    (torch.bfloat16, 2, 1000, 1000, 8, 2, 128, {"causal": True, "wl": 200}),
+    (torch.float16, 1, 777, 1500, 4, 4, 64, {"causal": True, "wl": 333}),
+    (torch.bfloat16, 1, 1200, 600, 4, 4, 256, {"causal": True, "wl": 100}),
+    (torch.float16, 2, 2048, 2048, 8, 8, 64, {"causal": True, "wl": 511}),
 ]
 
 

@@ -24,7 +24,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import Lib  # noqa: E402
+from compare_torch import Lib, call_times, grid_configs, grid_problem  # noqa: E402
 
 
 def load_variants(spec, tmp):
@@ -50,15 +50,11 @@ def main():
     names = [v[0] for v in variants]
     first = True
     print(f"{'config':16s} " + " ".join(f"{n:>12s}" for n in names) + "   (ms per call; x: speed vs " + names[0] + ")")
-    for cfg in a.configs.split(","):
-        d, n, causal = (int(x) for x in cfg.split(":"))
-        b, h = max(1, 16384 // n), 2048 // d
-        q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-        k, v = torch.randn_like(q), torch.randn_like(q)
-        o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+    for d, n, causal in grid_configs(a.configs):
+        _, _, q, k, v, o, l = grid_problem(d, n)
         fns = {}
         for name, lib, env in variants:
-            fn = lib.bind_forward(q, k, v, o, l, causal=bool(causal))
+            fn = lib.bind_forward(q, k, v, o, l, causal=causal)
             if first:  # the knobs are read at a library's first call
                 saved = {key: os.environ.get(key) for key in env}
                 os.environ.update(env)
@@ -78,13 +74,7 @@ def main():
         torch.cuda.synchronize()
         for r in range(a.rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(a.batch):
-                    fns[name]()
-                e1.record()
-                e1.synchronize()
-                samples[name].append(e0.elapsed_time(e1) / a.batch)
+                samples[name] += call_times(fns[name], 1, a.batch, warmup=0)
         med = {name: statistics.median(s) for name, s in samples.items()}
         base = med[names[0]]
         print(f"d{d} N={n} {'causal' if causal else 'full  '} " + " ".join(

@@ -24,23 +24,21 @@ def child(lib_path, dims, seqlens, reps, fwd=False):
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from compare_torch import Lib, median_ms
+    from compare_torch import Lib, grid_flops, grid_problem, median_ms
 
     lib = Lib(lib_path)
     for d in dims:
         for causal in (False, True):
             for n in seqlens:
-                b, h = 16384 // n, 2048 // d
-                q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-                k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-                o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+                b, h, q, k, v, o, l = grid_problem(d, n)
+                do = torch.randn_like(q)
                 lib.forward(q, k, v, o, l, causal=causal)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
                 if fwd:
                     ms = median_ms(lambda: lib.forward(q, k, v, o, l, causal=causal), reps)
                 else:
                     ms = median_ms(lambda: lib.backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), reps)
-                flops = (1.0 if fwd else 2.5) * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                flops = (1.0 if fwd else 2.5) * grid_flops(b, h, n, d, causal)
                 print(f"d{d} {'causal' if causal else 'full'} N={n}: {flops / ms / 1e9:.1f}", flush=True)
 
 

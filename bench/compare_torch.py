@@ -248,7 +248,28 @@ def check(lib):
     return fails
 
 
-def _call_times(fn, reps, batch, warmup):
+def grid_configs(spec):
+    """"d:N:causal,…" -> (d, N, causal) per configuration."""
+    for cfg in spec.split(","):
+        d, n, causal = (int(x) for x in cfg.split(":"))
+        yield d, n, bool(causal)
+
+
+def grid_problem(d, n, dtype=torch.bfloat16):
+    """The FlashAttention grid's problem at head dim d and length n (batch·n = 16384, heads·d = 2048):
+    (b, h, q, k, v, out, lse), q, k, v random (B, N, H, d) on the GPU, out and lse empty."""
+    b, h = max(1, 16384 // n), 2048 // d
+    q = torch.randn(b, n, h, d, device="cuda", dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    return b, h, q, k, v, torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+
+
+def grid_flops(b, h, n, d, causal):
+    """Forward FLOPs (4·B·H·N²·d, half of it causal); the backward counts 2.5× this."""
+    return 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+
+
+def call_times(fn, reps, batch, warmup):
     """Per-call ms of `reps` samples, each `batch` calls issued between two CUDA events."""
     for _ in range(warmup):
         fn()
@@ -267,7 +288,7 @@ def _call_times(fn, reps, batch, warmup):
 
 def median_ms(fn, reps, warmup=3):
     """Median time of one call started on an idle GPU: its host work is part of every sample."""
-    return statistics.median(_call_times(fn, reps, 1, warmup))
+    return statistics.median(call_times(fn, reps, 1, warmup))
 
 
 def stream_ms(fn, reps, batch=10, warmup=3):
@@ -276,7 +297,7 @@ def stream_ms(fn, reps, batch=10, warmup=3):
     call's host work (argument packing, checks, launch) overlaps the previous call's kernels
     whenever it is shorter, as in FlashAttention's own benchmarks (torch.utils.benchmark). median_ms
     instead starts every call on an idle GPU, so its host work is part of each sample."""
-    return statistics.median(_call_times(fn, reps, batch, warmup))
+    return statistics.median(call_times(fn, reps, batch, warmup))
 
 
 def interleaved_ms(impls, reps, batch, rounds=4):
@@ -293,7 +314,7 @@ def interleaved_ms(impls, reps, batch, rounds=4):
         for name in names[r % len(names):] + names[: r % len(names)]:
             fn, ctx = impls[name]
             with ctx():
-                samples[name] += _call_times(fn, per_round, batch, warmup=1)
+                samples[name] += call_times(fn, per_round, batch, warmup=1)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -302,13 +323,11 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
     for d in dims:
         for causal in (False, True):
             for n in seqlens:
-                b, h = 16384 // n, 2048 // d
-                q = torch.randn(b, n, h, d, device="cuda", dtype=dtype)
-                k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-                flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+                b, h, q, k, v, o, l = grid_problem(d, n, dtype)
+                do = torch.randn_like(q)
+                flops = grid_flops(b, h, n, d, causal)
                 r = reps if n <= 4096 else max(5, reps // 2)
                 row = {"d": d, "causal": causal, "n": n, "b": b, "h": h}
-                o = torch.empty_like(q); l = torch.empty(b, h, n, device="cuda")
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
                 none = contextlib.nullcontext
                 impls = {"ours_fwd": (lib.bind_forward(q, k, v, o, l, causal=causal), none),

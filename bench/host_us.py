@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import Lib  # noqa: E402
+from compare_torch import Lib, grid_configs, grid_problem  # noqa: E402
 
 
 def host_us(fn, calls):
@@ -40,18 +40,14 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     a = ap.parse_args()
     lib = Lib(a.lib)
-    for cfg in a.configs.split(","):
-        d, n, causal = (int(x) for x in cfg.split(":"))
-        b, h = max(1, 16384 // n), 2048 // d
-        q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-        k, v = torch.randn_like(q), torch.randn_like(q)
-        o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+    for d, n, causal in grid_configs(a.configs):
+        _, _, q, k, v, o, l = grid_problem(d, n)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        row = {"ours": host_us(lib.bind_forward(q, k, v, o, l, causal=bool(causal)), a.calls),
-               "ours_unbound": host_us(lambda: lib.forward(q, k, v, o, l, causal=bool(causal)), a.calls)}
+        row = {"ours": host_us(lib.bind_forward(q, k, v, o, l, causal=causal), a.calls),
+               "ours_unbound": host_us(lambda: lib.forward(q, k, v, o, l, causal=causal), a.calls)}
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             with sdpa_kernel(be):
-                row[name] = host_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal)), a.calls)
+                row[name] = host_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), a.calls)
         print(f"host µs/call d{d} N={n} causal={causal}: " + "  ".join(f"{k_} {v_:.1f}" for k_, v_ in row.items()), flush=True)
 
 

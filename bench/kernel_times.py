@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import Lib  # noqa: E402
+from compare_torch import Lib, grid_configs, grid_problem  # noqa: E402
 
 
 def short(name, width=60):
@@ -69,13 +69,9 @@ def main():
     ap.add_argument("--fwd-only", action="store_true", help="only the forwards of ours and cuDNN")
     a = ap.parse_args()
     lib = Lib(a.lib)
-    for cfg in a.configs.split(","):
-        d, n, causal = (int(x) for x in cfg.split(":"))
-        causal = bool(causal)
-        b, h = max(1, 16384 // n), 2048 // d
-        q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-        k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-        o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+    for d, n, causal in grid_configs(a.configs):
+        b, h, q, k, v, o, l = grid_problem(d, n)
+        do = torch.randn_like(q)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
         dot = do.transpose(1, 2)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_torch import Lib  # noqa: E402
+from compare_torch import Lib, call_times, grid_configs, grid_flops, grid_problem  # noqa: E402
 
 
 def start_sampler(path):
@@ -56,13 +56,7 @@ def window(fn, seconds, batch):
     torch.cuda.synchronize()
     samples, t0 = [], time.time()
     while time.time() - t0 < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(batch):
-            fn()
-        b.record()
-        b.synchronize()
-        samples.append((time.time(), a.elapsed_time(b) / batch))
+        samples.append((time.time(), call_times(fn, 1, batch, warmup=0)[0]))
     half = samples[len(samples) // 2:]
     return statistics.median(ms for _, ms in half), half[0][0], half[-1][0]
 
@@ -81,15 +75,11 @@ def main():
     time.sleep(0.3)
     results = []
     try:
-        for cfg in a.configs.split(","):
-            d, n, causal = (int(x) for x in cfg.split(":"))
-            causal = bool(causal)
-            b, h = max(1, 16384 // n), 2048 // d
-            q = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-            k, v = torch.randn_like(q), torch.randn_like(q)
-            o, l = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
+        for d, n, causal in grid_configs(a.configs):
+            cfg = f"{d}:{n}:{int(causal)}"
+            b, h, q, k, v, o, l = grid_problem(d, n)
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            flops = grid_flops(b, h, n, d, causal)
             ours = lambda: lib.forward(q, k, v, o, l, causal=causal)  # noqa: E731
 
             def cudnn():

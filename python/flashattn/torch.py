@@ -143,15 +143,20 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _autograd_backward(ctx, dout, dlse):
-    # lse is returned for inspection and marked non-differentiable: its gradient is ignored.
+def _input_grads(ctx, dout, backward):
+    """The forward inputs' gradients from what _setup_context saved, through `backward` (the
+    backward op, or its body on the eager path)."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k, algorithm,
      deterministic) = ctx.args
-    dq, dk, dv = torch.ops.flashattn.backward(
-        dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-        cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
+    dq, dk, dv = backward(dout, q, k, v, out, lse, scale, causal, window_left, window_right, softcap,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+
+
+def _autograd_backward(ctx, dout, dlse):
+    # lse is returned for inspection and marked non-differentiable: its gradient is ignored.
+    return _input_grads(ctx, dout, torch.ops.flashattn.backward)
 
 
 torch.library.register_autograd("flashattn::forward", _autograd_backward,
@@ -194,28 +199,15 @@ class _EagerAttention(torch.autograd.Function):
     """forward/backward of the ops without their dispatch (see above); args as flashattn::forward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-                cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic):
-        out, lse = _forward_impl(q, k, v, scale, causal, window_left, window_right, softcap,
-                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm,
-                                 deterministic)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.args = (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k,
-                    algorithm, deterministic)
-        ctx.mark_non_differentiable(lse)
+    def forward(ctx, *args):
+        out, lse = _forward_impl(*args)
+        _setup_context(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
-        # lse is non-differentiable: its gradient is ignored, as in the op's formula.
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        (scale, causal, window_left, window_right, softcap, max_seqlen_q, max_seqlen_k, algorithm,
-         deterministic) = ctx.args
-        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, scale, causal, window_left,
-                                    window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k, algorithm, deterministic)
-        return (dq, dk, dv) + (None,) * 11
+        return _input_grads(ctx, dout, _backward_impl)  # lse's gradient ignored, as on the op
 
 
 # ---- public functions --------------------------------------------------------------------------

@@ -39,21 +39,21 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     if (threadIdx.x == 0)
       for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
         const TileCoord tc = sched.coord(idx);
-        const int n_blocks = tile_key_blocks<Tile, kCausal>(a, tc);
-        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, n_blocks);
+        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, tile_keys<Tile, kCausal>(a, tc));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
     // The ping-pong turns run across tiles (mainloop.cuh): find this CTA's last tile with keys.
     int last_work = -1;
     for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k))
-      if (tile_key_blocks<Tile, kCausal>(a, sched.coord(idx)) > 0) last_work = k;
+      if (tile_keys<Tile, kCausal>(a, sched.coord(idx)).count() > 0) last_work = k;
     bool first_work = true;
     for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
       const TileCoord tc = sched.coord(idx);
-      const int n_blocks = tile_key_blocks<Tile, kCausal>(a, tc);
+      const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc);
+      const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
-      c.run(a, sm, ps, wg - 1, tc.m_block, n_blocks, first_work, k == last_work);
+      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, k == last_work);
       if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise

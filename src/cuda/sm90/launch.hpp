@@ -30,6 +30,9 @@ struct FwdArgs {
   float* lse;                          // may be null
   long long lse_batch_stride, lse_head_stride, lse_row_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
+  int window_left, window_right;         // sliding window (keys row + diag − left … row + diag + right,
+                                         // diag = seqlen_k − seqlen_q); −1 = unbounded; clamped on
+                                         // the host (sm90.cu); the causal kernels take right = 0
   float scale_log2;                      // scale · log2(e)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
   int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
@@ -55,6 +58,9 @@ struct BwdArgs {
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
+  int window_left, window_right;         // sliding window (keys row + diag − left … row + diag + right,
+                                         // diag = seqlen_k − seqlen_q); −1 = unbounded; clamped on
+                                         // the host (sm90.cu); the causal kernels take right = 0
   int m_blocks, m_pad;                   // query tiles (BwdTile::kBlockM rows) per (batch, head); padded rows
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)

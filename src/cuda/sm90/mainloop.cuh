@@ -70,18 +70,29 @@ struct Smem {
   }
 };
 
-// Number of key tiles the query block m_block needs (0: every row fully masked).
+// The key tiles [begin, end) the query block m_block needs (empty: every row fully masked). Row i
+// sees keys j < seqlen_k with, causal, i + diag − window_left <= j <= i + diag, diag = seqlen_k −
+// seqlen_q (bottom-right aligned; window_left −1: unbounded; the host clamps it below seqlen_k).
+struct KeyTiles {
+  int begin, end;  // end >= begin (key_range)
+  __device__ int count() const { return end - begin; }
+};
 template <class Tile, bool kCausal>
-__device__ __forceinline__ int key_blocks(int m_block, int seqlen_q, int seqlen_k) {
-  int end = seqlen_k;
-  if (kCausal) end = min(seqlen_k, (m_block + 1) * Tile::kBlockM + seqlen_k - seqlen_q);
-  return end <= 0 ? 0 : (end + Tile::kBlockN - 1) / Tile::kBlockN;
+__device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
+  const int diag = a.seqlen_k - a.seqlen_q;
+  int end = a.seqlen_k, begin = 0;
+  if (kCausal) {  // window_right = 0, and an optional left window (Consumer::run)
+    end = min(end, (m_block + 1) * Tile::kBlockM + diag);  // the last row's bound + 1
+    if (a.window_left >= 0) begin = max(0, m_block * Tile::kBlockM + diag - a.window_left);
+  }
+  const int first = begin / Tile::kBlockN;
+  return {first, end <= 0 ? first : max(first, (end + Tile::kBlockN - 1) / Tile::kBlockN)};
 }
 
-// The key tiles of a scheduled tile: 0 for a virtual one (scheduler.cuh, kPaired with odd M).
+// The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh, kPaired with odd M).
 template <class Tile, bool kCausal>
-__device__ __forceinline__ int tile_key_blocks(const FwdArgs& a, const TileCoord& tc) {
-  return tc.m_block < a.m_blocks ? key_blocks<Tile, kCausal>(tc.m_block, a.seqlen_q, a.seqlen_k) : 0;
+__device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc) {
+  return tc.m_block < a.m_blocks ? key_range<Tile, kCausal>(a, tc.m_block) : KeyTiles{0, 0};
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------
@@ -94,7 +105,8 @@ struct PipeState {
 
 template <class Tile>
 __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
-                                              int head, int batch, int n_blocks) {
+                                              int head, int batch, KeyTiles keys) {
+  const int n_blocks = keys.count();
   const int head_kv = head / a.group;
   const bool first_tile = ps.tiles == 0;
   const uint32_t q_free_parity = (ps.tiles++ & 1) ^ 1;
@@ -104,7 +116,7 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
   }
   // Out-of-bounds rows of a box are zero-filled and still counted in the transaction bytes.
   for (int it = 0; it < n_blocks; ++it) {
-    const int n = n_blocks - 1 - it;
+    const int n = keys.end - 1 - it;
     const int g = ps.kv_it + it;
     const int stage = g % Tile::kStages;
     const uint32_t phase = (g / Tile::kStages) & 1;
@@ -187,7 +199,8 @@ struct Consumer {
   // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
   // first_of_cta / last_of_cta: this is the CTA's first / last tile that has any key block.
   __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
-                                      int n_blocks, bool first_of_cta, bool last_of_cta) {
+                                      KeyTiles keys, bool first_of_cta, bool last_of_cta) {
+    const int n_blocks = keys.count();
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) acc_o[r] = 0.f;
     if (n_blocks == 0) return;
@@ -196,12 +209,18 @@ struct Consumer {
     const uint32_t q_phase = ps.q_loads++ & 1;
     const int t = threadIdx.x % 128;
     const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
-    const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // causal: first row's diag
+    const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // the first row's diagonal key
+    // Windows: the causal kernels take a left window (sliding-window causal attention); the
+    // non-causal ones none (their calls with windows fall back: with the window checks in its main
+    // loop the d256 consumer spilled). wl/wr < 0: no bound.
+    auto wl = [&] { return kCausal ? a.window_left : -1; };
+    auto wr = [&] { return kCausal ? 0 : -1; };
     const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {
       const int key_end = (n + 1) * kBlockN;
-      return key_end > a.seqlen_k || (kCausal && key_end - 1 > diag_row_min);
+      return key_end > a.seqlen_k || (wr() >= 0 && key_end - 1 > diag_row_min + wr()) ||
+             (wl() >= 0 && n * kBlockN < diag_row_min + Tile::kBlockM - 1 - wl());
     };
 
     float acc_s[kSRegs];
@@ -211,7 +230,7 @@ struct Consumer {
     if (wg == 0 && first_of_cta) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 goes first
     ptx::mbar_wait(sm.full_q, q_phase);
 
-    // Prologue: tile 0 (the last key tile, n = n_blocks - 1).
+    // Prologue: tile 0 (the last key tile, n = keys.end - 1).
     const int stage0 = it0 % Tile::kStages;
     ptx::mbar_wait(sm.full_k + stage0, (it0 / Tile::kStages) & 1);
     turn_begin(wg);
@@ -221,14 +240,14 @@ struct Consumer {
     ptx::fence_operand(acc_s);
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
-      const int n = n_blocks - 1;
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
+      const int n = keys.end - 1;
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
       convert_p(acc_s, p);
     }
 
     for (int it = 1; it < n_blocks; ++it) {
-      const int n = n_blocks - 1 - it;
+      const int n = keys.end - 1 - it;
       const int g = it0 + it;
       const int stage = g % Tile::kStages, prev = (g - 1) % Tile::kStages;
       const uint32_t phase = (g / Tile::kStages) & 1, prev_phase = ((g - 1) / Tile::kStages) & 1;
@@ -241,7 +260,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q);
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);
       // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by

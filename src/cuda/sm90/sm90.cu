@@ -128,8 +128,9 @@ bool supports(const detail::Params& p) {
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
-  if (p.varlen() || p.softcap != 0.f || p.window_left >= 0) return false;
-  if (p.causal ? p.window_right != 0 : p.window_right >= 0) return false;  // causal only, no window
+  if (p.varlen() || p.softcap != 0.f) return false;
+  // Windows: causal (window_right = 0) with any left window; the non-causal kernels take none.
+  if (p.causal ? p.window_right != 0 : (p.window_left >= 0 || p.window_right >= 0)) return false;
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;
@@ -159,6 +160,10 @@ void forward(const detail::Params& p) {
   a.seqlen_k = int(p.seqlen_k);
   a.heads = int(p.heads);
   a.group = int(p.heads / p.heads_kv);
+  // A left window that reaches past every key is no bound (−1), which keeps the kernel's bounds
+  // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
+  a.window_left = p.causal && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
+  a.window_right = p.causal ? 0 : -1;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);  // folded once, here
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);

@@ -24,24 +24,38 @@ struct FragmentSoftmax {
   static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
   SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
 
-  // Masks scores of keys the row cannot see: key >= k_len, or (causal) key > row + k_len - q_len.
+  // Masks scores of keys the row cannot see: key >= k_len, key > row + diag + wr (causal: wr = 0;
+  // wr < 0: no bound) or key < row + diag − wl (wl < 0: no bound), diag = k_len − q_len.
+  // (Consumer::run passes windows to the causal kernels only.)
   // key0 = first key of the tile, row0 = this thread's half-0 query row; both sequence-local.
-  // Both bounds fold into one last visible column per row half, relative to this thread's first
-  // column, so each score costs one compare against a constant and one select.
+  // The right bounds fold into one last visible column per row half, relative to this thread's
+  // first column, so without a left window each score costs one compare against a constant and
+  // one select; a left window adds one compare.
   template <bool kCausal>
   __device__ __forceinline__ static void mask(float (&acc_s)[kRegs], int key0, int row0, int k_len,
-                                              int q_len) {
+                                              int q_len, int wl, int wr) {
     const int first = key0 + 2 * (threadIdx.x % 4);  // this thread's key in column 0 of the tile
-    int last[2];                                      // last visible column − first, per row half
+    int last[2], lo[2];                               // visible columns [lo, last] − first, per row half
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      const int diag = (k_len - q_len) + row0 + 8 * h;
       int bound = k_len - 1;
-      if (kCausal) bound = min(bound, (k_len - q_len) + row0 + 8 * h);
+      if (kCausal) bound = min(bound, diag);
+      else if (wr >= 0) bound = min(bound, diag + wr);
       last[h] = bound - first;
+      lo[h] = diag - wl - first;
     }
+    if (wl < 0) {
 #pragma unroll
-    for (int r = 0; r < kRegs; ++r)
-      if (8 * (r >> 2) + (r & 1) > last[(r >> 1) & 1]) acc_s[r] = -INFINITY;
+      for (int r = 0; r < kRegs; ++r)
+        if (8 * (r >> 2) + (r & 1) > last[(r >> 1) & 1]) acc_s[r] = -INFINITY;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) {
+        const int c = 8 * (r >> 2) + (r & 1), h = (r >> 1) & 1;
+        if (c > last[h] || c < lo[h]) acc_s[r] = -INFINITY;
+      }
+    }
   }
 
   // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities

@@ -33,7 +33,8 @@ struct FwdArgs {
   int window_left, window_right;         // sliding window (keys row + diag − left … row + diag + right,
                                          // diag = seqlen_k − seqlen_q); −1 = unbounded; clamped on
                                          // the host (sm90.cu); the causal kernels take right = 0
-  float scale_log2;                      // scale · log2(e)
+  float scale_log2;                      // scale · log2(e); with a softcap, cap · log2(e)
+  float softcap_scale;                   // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
   int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
   int block_n;                           // key tile (fwd_block_n)
@@ -64,7 +65,8 @@ struct BwdArgs {
   int m_blocks, m_pad;                   // query tiles (BwdTile::kBlockM rows) per (batch, head); padded rows
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)
-  float scale_log2;                      // scale · log2(e)
+  float scale_log2;                      // scale · log2(e); with a softcap, cap · log2(e)
+  float softcap_scale;                   // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   float scale;
   int flags;                             // BwdFlags
 };

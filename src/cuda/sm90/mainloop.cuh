@@ -241,6 +241,7 @@ struct Consumer {
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
       const int n = keys.end - 1;
+      if (a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
       convert_p(acc_s, p);
@@ -260,6 +261,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
+      if (a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);

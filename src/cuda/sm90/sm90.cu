@@ -128,7 +128,7 @@ bool supports(const detail::Params& p) {
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
-  if (p.varlen() || p.softcap != 0.f) return false;
+  if (p.varlen()) return false;
   // Windows: causal (window_right = 0) with any left window; the non-causal kernels take none.
   if (p.causal ? p.window_right != 0 : (p.window_left >= 0 || p.window_right >= 0)) return false;
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
@@ -164,7 +164,10 @@ void forward(const detail::Params& p) {
   // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
   a.window_left = p.causal && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
   a.window_right = p.causal ? 0 : -1;
-  a.scale_log2 = float(double(p.scale) * 1.4426950408889634);  // folded once, here
+  // Folded once, here: p = 2^(s·scale_log2 − max); with a softcap s is cap·tanh(qk·scale/cap)
+  // computed in the kernel as tanh(qk·softcap_scale), so scale_log2 = cap·log2(e).
+  a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;
+  a.scale_log2 = float((p.softcap > 0.f ? double(p.softcap) : double(p.scale)) * 1.4426950408889634);
   a.batch = int(p.batch);
   a.m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   a.block_m = block_m;

@@ -58,6 +58,18 @@ struct FragmentSoftmax {
     }
   }
 
+  // Softcap (FwdArgs::softcap_scale > 0): s -> cap·tanh(s·scale / cap), applied to the raw scores
+  // before masking; the host then folds cap·log2(e) into scale_log2. tanh as 1 − 2 / (2^(2x·log2 e)
+  // + 1) (two MUFU ops; exact to a few ulp in the exponent, where tanh.approx's 2^-11 relative
+  // error would move p by up to cap·2^-11). ±inf → ±1.
+  __device__ __forceinline__ static void softcap(float (&acc_s)[kRegs], float softcap_scale) {
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {
+      const float e = ptx::ex2(acc_s[r] * (softcap_scale * 2.8853900817779268f));  // 2^(2x·log2 e)
+      acc_s[r] = 1.f - __fdividef(2.f, e + 1.f);
+    }
+  }
+
   // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities
   // (in place, fp32) and returns the factor acc_o must be multiplied by, per row half.
   // kChains > 1 splits each row's maximum and sum over that many independent accumulators

@@ -201,7 +201,7 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 4, 1000, 1000, 16, 4, 128, {"causal": True}),
     (torch.bfloat16, 2, 2048, 2048, 8, 8, 64, {"causal": True}),  # d64 192-row tiles
     (torch.float16, 2, 1500, 700, 16, 16, 256, {"causal": True}),  # fully masked tiles too
-    # head dim 192 (the Hopper forward's 128×112 tile on branch exp-hopper-d192)
+    # head dim 192 (the Hopper forward's 128×112 tile): partial key tiles, GQA, many tiles
     (torch.bfloat16, 2, 1000, 1000, 8, 2, 192, {}),
     (torch.float16, 1, 2048, 2048, 8, 8, 192, {"causal": True}),
     # sliding-window causal (the Hopper forward's left window): windows across key-tile edges,

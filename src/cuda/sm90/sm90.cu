@@ -127,7 +127,7 @@ cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
 bool supports(const detail::Params& p) {
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256) return false;
   if (p.varlen()) return false;
   // Windows: causal (window_right = 0) with any left window; the non-causal kernels take none.
   if (p.causal ? p.window_right != 0 : (p.window_left >= 0 || p.window_right >= 0)) return false;
@@ -180,6 +180,7 @@ void forward(const detail::Params& p) {
   switch (d) {
     case 64: e = f16 ? launch<64, true>(a, p, s) : launch<64, false>(a, p, s); break;
     case 128: e = f16 ? launch<128, true>(a, p, s) : launch<128, false>(a, p, s); break;
+    case 192: e = f16 ? launch<192, true>(a, p, s) : launch<192, false>(a, p, s); break;
     default: e = f16 ? launch<256, true>(a, p, s) : launch<256, false>(a, p, s); break;
   }
   if (e != cudaSuccess) fail("kernel launch", e);

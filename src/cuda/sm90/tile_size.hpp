@@ -8,11 +8,13 @@
 //   sQ = kBlockM·D·2,  sK = sV = kBlockN·D·2 per stage,  sO = sQ-sized staging for the TMA store.
 //   d64 : 128×128, 3 stages: 16 KiB + 3·(16+16) KiB + sO 16 KiB = 128 KiB
 //   d128: 128×128, 2 stages: 32 KiB + 2·(32+32) KiB + sO 32 KiB = 192 KiB
+//   d192: 128×112, 2 stages: 48 KiB + 2·(42+42) KiB (O staged in sQ) = 216 KiB
 //   d256: 128× 80, 2 stages: 64 KiB + 2·(40+40) KiB (O staged in sQ) = 224 KiB   (cap: 227 KiB)
 // Registers per consumer thread (setmaxnreg 240; producer 24: 128·24 + 256·240 = 64512 ≤ 65536):
 //   acc_o = D/2 fp32, acc_s = kBlockN/2 fp32, P = kBlockN/4 packed 16-bit pairs (live together in
 //   the intra-warpgroup-overlapped loop):
-//   d64 : 32 + 64 + 32 = 128     d128: 64 + 64 + 32 = 160     d256: 128 + 40 + 20 = 188
+//   d64 : 32 + 64 + 32 = 128     d128: 64 + 64 + 32 = 160     d192: 96 + 56 + 28 = 180
+//   d256: 128 + 40 + 20 = 188
 //   leaving ≥ 64 for softmax state, descriptors, indices.
 // FA3 uses 128×176 (d128), 192×128/192 (d64, 3 consumer WGs) and 128×80 (d256); those are the
 // next tuning step (docs/hopper-kernels.md).
@@ -35,18 +37,22 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
 // run, docs/perf-log.md session 5) +4–10 % non-causal and +1–3 % causal at N = 8192/16384, but
 // −1–2 % at 4096 and −4–6 % at 2048 (fewer, wider key tiles: more of a tile is masked or padding,
 // and the per-tile fill/drain weighs more).
+// The default key tile per head dim: the largest with two stages in 227 KiB (d192: 112 keys, O in
+// sQ; 128 would need 240 KiB).
+constexpr int fwd_default_block_n(int head_dim) { return head_dim == 256 ? 80 : head_dim == 192 ? 112 : 128; }
+
 inline int fwd_block_n(int head_dim, long long seqlen_k) {
-  if (head_dim == 256) return 80;
+  if (head_dim == 256 || head_dim == 192) return fwd_default_block_n(head_dim);
   return head_dim == 128 && seqlen_k >= 8192 ? 176 : 128;
 }
 
-template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = (kHeadDim == 256 ? 80 : 128)>
+template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = fwd_default_block_n(kHeadDim)>
 struct FwdTile {
   static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
   static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "query tile 128, or 192 at d64");
   static constexpr int kBlockN = kBlockN_;
-  static_assert(kBlockN == (kHeadDim == 256 ? 80 : 128) || (kHeadDim == 128 && kBlockN == 176 && kBlockM == 128),
-                "key tile 128 (d64, d128), 80 (d256), or 176 at d128");
+  static_assert(kBlockN == fwd_default_block_n(kHeadDim) || (kHeadDim == 128 && kBlockN == 176 && kBlockM == 128),
+                "key tile 128 (d64, d128), 112 (d192), 80 (d256), or 176 at d128");
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
   static constexpr int kConsumerWGs = kBlockM / 64;

@@ -2,12 +2,14 @@
 """Model check of the Hopper forward's tile schedules (src/cuda/sm90/scheduler.cuh), no GPU: for
 many (query blocks M, heads·batch, CTAs) every real tile must be visited exactly once, virtual tiles
 (index M, kPaired with an odd number of heads) carry no work, and the paired causal schedule must give every CTA
-nearly the same number of key blocks (within one pair). The formulas below mirror scheduler.cuh (tile, valid, coord,
-sched_mode, grid_size): keep them in step when it changes. Run by CTest.
+nearly the same number of key blocks (within one pair); the chain (first, next) must equal the per-round closed forms
+where those exist, and on the FlashAttention grid the paired schedule with a snake tail must balance at least as well
+as pure pairs. The formulas below mirror scheduler.cuh (set_schedule, first, next, valid, coord, sched_mode,
+grid_size): keep them in step when it changes. Run by CTest.
 """
 import sys
 
-STRIDED, ONE_PER_CTA, SNAKE, PAIRED = 0, 1, 2, 3
+STRIDED, ONE_PER_CTA, SNAKE, PAIRED, PAIRED_TAIL = 0, 1, 2, 3, 4
 
 
 def paired_units(m_blocks, hb):
@@ -23,55 +25,118 @@ def sched_mode(causal, head_dim, m_blocks, hb, sms):
 
 
 def grid_size(mode, m_blocks, hb, sms):
-    units = paired_units(m_blocks, hb) if mode == PAIRED else m_blocks * hb
+    units = paired_units(m_blocks, hb) if mode in (PAIRED, PAIRED_TAIL) else m_blocks * hb
     return units if mode == ONE_PER_CTA or units < sms else sms
 
 
+def set_schedule(mode, causal, m_blocks, hb, g):
+    """The host's FwdArgs fields (scheduler.cuh set_schedule / tail_split): total, tail_u0, tail_hp0, tail_off."""
+    p = dict(mode=mode, causal=causal, M=m_blocks, hb=hb, g=g, u0=0, hp0=0, off=0, total=m_blocks * hb)
+    if causal and mode in (PAIRED, PAIRED_TAIL):
+        pairs = paired_units(m_blocks, hb)
+        if mode == PAIRED:
+            p["hp0"], p["u0"] = (hb + 1) // 2, pairs
+        else:
+            r1 = pairs // g - 1 if pairs // g > 1 else 0
+            p["hp0"] = r1 * g // m_blocks
+            p["u0"] = p["hp0"] * m_blocks
+        p["off"] = p["u0"] % g
+        p["total"] = 2 * p["u0"] + m_blocks * max(0, hb - 2 * p["hp0"])
+    return p
+
+
+def is_paired(p):
+    return p["causal"] and p["mode"] in (PAIRED, PAIRED_TAIL)
+
+
+def phase2_first(p, c):
+    g, off = p["g"], p["off"]
+    return 2 * p["u0"] + (c - off if c >= off else 2 * g - 1 - c - off)
+
+
+def first(p, c):
+    if is_paired(p):
+        return 2 * c if 2 * c < 2 * p["u0"] else phase2_first(p, c)
+    return c
+
+
+def next_tile(p, idx, c):
+    g = p["g"]
+    if is_paired(p):
+        if idx < 2 * p["u0"]:
+            n = idx + (2 * g - 1 if idx & 1 else 1)
+            return n if n < 2 * p["u0"] else phase2_first(p, c)
+        r = (idx - 2 * p["u0"] + p["off"]) // g
+        return idx + (2 * c + 1 if r & 1 else 2 * g - 1 - 2 * c)
+    if p["mode"] == SNAKE:
+        return idx + (2 * c + 1 if (idx // g) & 1 else 2 * g - 1 - 2 * c)
+    return idx + g
+
+
+def coord(p, idx):
+    M, hb = p["M"], p["hb"]
+    if is_paired(p) and idx >= 2 * p["u0"]:
+        nh2, i = hb - 2 * p["hp0"], idx - 2 * p["u0"]
+        return M - 1 - i // nh2, 2 * p["hp0"] + i % nh2
+    if is_paired(p):
+        u, sl, half = (idx >> 1) % M, idx & 1, M // 2
+        h = 2 * ((idx >> 1) // M)
+        if u < 2 * half:
+            h += u // half
+            m = u % half if sl else M - 1 - u % half
+        else:
+            h += sl
+            m = half
+        return (M, 0) if h >= hb else (m, h)
+    if p["causal"] and p["mode"] == SNAKE:
+        return M - 1 - idx // hb, idx % hb
+    m, h = idx % M, idx // M
+    return (M - 1 - m if p["causal"] else m), h
+
+
 def cta_tiles(mode, causal, m_blocks, hb, g, c):
-    """(m_block, hb) of CTA c's tiles in order, as the kernel's loop visits them."""
-    total = 2 * m_blocks * ((hb + 1) // 2) if causal and mode == PAIRED else m_blocks * hb
+    """(m_block, hb) of CTA c's tiles in order, as the kernel's loops visit them (first, next)."""
+    p = set_schedule(mode, causal, m_blocks, hb, g)
+    out, idx = [], first(p, c)
+    while idx < p["total"]:
+        out.append(coord(p, idx))
+        idx = next_tile(p, idx, c)
+    return out
+
+
+def cta_tiles_by_round(mode, causal, m_blocks, hb, g, c):
+    """The same sequence by the closed forms per round k (session 5's tile(k)): a second derivation
+    of the chain for the modes that have one."""
+    p = set_schedule(mode, causal, m_blocks, hb, g)
     out, k = [], 0
     while True:
-        if causal and mode == PAIRED:
+        if is_paired(p) and mode == PAIRED:
             idx = 2 * ((k >> 1) * g + c) + (k & 1)
         else:
             idx = k * g + (g - 1 - c if mode == SNAKE and (k & 1) else c)
-        if idx >= total:
+        if idx >= p["total"]:
             return out
-        if causal and mode == PAIRED:
-            u, sl, half = (idx >> 1) % m_blocks, idx & 1, m_blocks // 2
-            h = 2 * ((idx >> 1) // m_blocks)
-            if u < 2 * half:
-                h += u // half
-                m = u % half if sl else m_blocks - 1 - u % half
-            else:
-                h += sl
-                m = half
-            if h >= hb:
-                m, h = m_blocks, 0
-        elif causal and mode == SNAKE:
-            hbs = total // m_blocks
-            m, h = m_blocks - 1 - idx // hbs, idx % hbs
-        else:
-            m, h = idx % m_blocks, idx // m_blocks
-            if causal:
-                m = m_blocks - 1 - m
-        out.append((m, h))
+        out.append(coord(p, idx))
         k += 1
 
 
 def main():
     fails = 0
     sms = 132
+    tail_ratio = []
     for causal in (False, True):
         for m_blocks in (1, 2, 3, 4, 5, 8, 11, 16, 64, 128):
             for hb in (1, 3, 16, 67, 512):
-                for mode in (64, 128, SNAKE, PAIRED) if causal else (128,):
+                for mode in (64, 128, SNAKE, PAIRED, PAIRED_TAIL) if causal else (128,):
                     # 64 / 128: the default for that head dim; else the mode forced
                     mode = sched_mode(causal, mode, m_blocks, hb, sms) if mode >= 64 else mode
                     g = grid_size(mode, m_blocks, hb, sms)
                     seen, load = {}, []
                     for c in range(g):
+                        if mode != PAIRED_TAIL and cta_tiles(mode, causal, m_blocks, hb, g, c) != \
+                                cta_tiles_by_round(mode, causal, m_blocks, hb, g, c):
+                            print(f"chain differs from the per-round form: mode={mode} M={m_blocks} hb={hb} c={c}")
+                            fails += 1
                         blocks = 0
                         for m, h in cta_tiles(mode, causal, m_blocks, hb, g, c):
                             if m >= m_blocks:  # virtual: only kPaired, only past the last head (odd hb)
@@ -86,12 +151,33 @@ def main():
                     if set(seen) != want or any(v != 1 for v in seen.values()):
                         print(f"coverage FAILED causal={causal} M={m_blocks} hb={hb} mode={mode} g={g}")
                         fails += 1
-                    if causal and mode == PAIRED:
+                    if causal and mode in (PAIRED, PAIRED_TAIL):
                         # every CTA gets whole pairs of cost ~M+1; rounds differ by at most one pair
+                        # (PAIRED_TAIL: at most one pair's cost too, its tail being finer)
                         spread = max(load) - min(load)
                         if spread > m_blocks + 1:
-                            print(f"imbalance causal M={m_blocks} hb={hb}: loads {min(load)}..{max(load)}")
+                            print(f"imbalance causal M={m_blocks} hb={hb} mode={mode}: loads {min(load)}..{max(load)}")
                             fails += 1
+                        if mode == PAIRED_TAIL and g == sms:
+                            tail_ratio.append((max(load) * g / sum(load), m_blocks, hb))
+    # The FlashAttention grid (batch·N = 16384, heads·d = 2048): the tail must balance at least as
+    # well as pure pairs (largest CTA load over the mean, key blocks of square tiles).
+    for d in (64, 128, 256):
+        for n in (512, 1024, 2048, 4096, 8192, 16384):
+            bm = 192 if d == 64 and n >= 2048 else 128
+            m_blocks, hb = -(-n // bm), (16384 // n) * (2048 // d)
+            ratio = {}
+            for mode in (PAIRED, PAIRED_TAIL):
+                g = grid_size(mode, m_blocks, hb, sms)
+                loads = [sum(m + 1 for m, h in cta_tiles(mode, True, m_blocks, hb, g, c) if m < m_blocks)
+                         for c in range(g)]
+                ratio[mode] = max(loads) * g / sum(loads)
+            if ratio[PAIRED_TAIL] > ratio[PAIRED] + 1e-9:
+                print(f"tail worse than pairs: d{d} N={n}: {ratio[PAIRED_TAIL]:.3f} > {ratio[PAIRED]:.3f}")
+                fails += 1
+            print(f"  grid d{d} N={n}: largest/mean load paired {ratio[PAIRED]:.3f}, with tail {ratio[PAIRED_TAIL]:.3f}")
+    worst = max(tail_ratio) if tail_ratio else None
+    print(f"paired with tail: largest CTA load / mean, worst case {worst[0]:.3f} (M={worst[1]}, heads·batch={worst[2]})")
     print("tile schedules:", "ok" if not fails else f"{fails} failures")
     return 1 if fails else 0
 

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
-  const TileScheduler<kCausal> sched(a);
+  using Sched = TileScheduler<kCausal>;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -37,23 +37,24 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
     if (threadIdx.x == 0)
-      for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
-        const TileCoord tc = sched.coord(idx);
+      for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
+        const TileCoord tc = Sched::coord(a, idx);
         producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, tile_keys<Tile, kCausal>(a, tc));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
     // The ping-pong turns run across tiles (mainloop.cuh): find this CTA's last tile with keys.
-    int last_work = -1;
-    for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k))
-      if (tile_keys<Tile, kCausal>(a, sched.coord(idx)).count() > 0) last_work = k;
+    int last_work = -1;  // its tile index
+    for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
+      if (tile_keys<Tile, kCausal>(a, Sched::coord(a, idx)).count() > 0) last_work = idx;
     bool first_work = true;
-    for (int k = 0, idx = sched.tile(0); sched.valid(idx); idx = sched.tile(++k)) {
-      const TileCoord tc = sched.coord(idx);
+    for (int idx = Sched::first(a), next_idx; Sched::valid(a, idx); idx = next_idx) {
+      next_idx = Sched::next(a, idx);  // here, where few registers are live (not after run())
+      const TileCoord tc = Sched::coord(a, idx);
       const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc);
       const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
-      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, k == last_work);
+      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work);
       if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
@@ -82,7 +83,9 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   FwdArgs a = args;
   const long long heads_batch = (long long)a.heads * a.batch;
   if (a.sched < 0 || (!kCausal && a.sched != kStrided && a.sched != kOnePerCta)) a.sched = sched_mode(kCausal, kHeadDim, a.m_blocks, heads_batch, sms);
-  kernel<<<grid_size(a.sched, a.m_blocks, heads_batch, sms), Tile::kThreads, smem, stream>>>(a);
+  const int grid = grid_size(a.sched, a.m_blocks, heads_batch, sms);
+  set_schedule(a, kCausal, heads_batch, grid);
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -42,6 +42,11 @@ struct FwdArgs {
                                          // before the softmax, as ptxas ordered it before session 4
   int sched;                             // SchedMode (scheduler.cuh): set by launch_fwd unless the host
                                          // forces one (>= 0, FLASHATTN_SM90_FWD_SCHED, measurements)
+  // The paired schedules' phase boundary, set on the host with the grid (scheduler.cuh, tail_split):
+  // pairs [0, tail_u0) = head pairs [0, tail_hp0) run paired, the rest as a snake from position
+  // tail_off = tail_u0 mod G.
+  int tail_u0, tail_hp0, tail_off;
+  int sched_total;  // tile slots the schedule walks (set_schedule): idx < sched_total is a tile
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ

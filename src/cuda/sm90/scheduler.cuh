@@ -16,6 +16,15 @@
 //       keys, nothing loaded or stored).
 //   kOnePerCta (causal, fewer pairs than SMs): grid = tiles; the hardware block scheduler hands
 //       the heaviest remaining tile to whichever SM frees up first.
+//   kPairedTail (causal; measurements only, FLASHATTN_SM90_FWD_SCHED=4, until timed on the GPU):
+//       kPaired for all but the last one to two rounds' worth of pairs, then the snake over the
+//       remaining heads' tiles, heaviest first. Pairs are large, equal units, so kPaired ends with
+//       P mod G CTAs running one more pair than the rest (P / G = 7.76 on the d128 grid: 3 % of the
+//       kernel idle at the end); the snake's last round holds the lightest tiles. Phase 1 covers
+//       the first hp0 = floor((P/G − 1)·G / M) head pairs (head-pair aligned, so phase 2 is whole
+//       heads); phase 2 continues the round-robin where phase 1 stopped (position u0 mod G), so the
+//       CTAs that ran one pair fewer take the heaviest remaining tiles. Model (tests/tile_schedule.py):
+//       largest CTA load / mean 1.031 (paired) → 1.000–1.011 on the grid for N ≥ 1024.
 //   kSnake (causal d64, at least as many pairs as SMs): persistent; tiles ordered heaviest
 //       first over all heads, round r gives CTA c tile r·G + c (r even) or r·G + G−1−c (r odd).
 //       Balanced, but a head's query blocks run rounds apart: with many heads its K/V has left L2
@@ -27,7 +36,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-enum SchedMode : int { kStrided = 0, kOnePerCta = 1, kSnake = 2, kPaired = 3 };
+enum SchedMode : int { kStrided = 0, kOnePerCta = 1, kSnake = 2, kPaired = 3, kPairedTail = 4 };
 
 struct TileCoord {
   int m_block, head, batch;  // m_block >= FwdArgs::m_blocks: a virtual tile (kPaired, odd M)
@@ -35,21 +44,46 @@ struct TileCoord {
 
 template <bool kCausal>
 struct TileScheduler {
-  int m_blocks, heads, hb_total, total, mode;
-  __device__ explicit TileScheduler(const FwdArgs& a)
-      : m_blocks(a.m_blocks), heads(a.heads), hb_total(a.heads * a.batch), mode(a.sched) {
-    // kPaired: slot 2u + s is tile s (0 heavy, 1 light) of pair u; M pairs per two heads
-    total = kCausal && mode == kPaired ? 2 * m_blocks * ((hb_total + 1) / 2) : m_blocks * hb_total;
-  }
-  // Tile index of this CTA's k-th round; >= total when the CTA is done.
-  __device__ int tile(int k) const {
+  // Stateless: every field is read from the kernel parameters (constant bank) where it is used.
+  // kPaired and kPairedTail run the same code: slots 2u + s (tile s, 0 heavy / 1 light, of pair u)
+  // for pairs [0, tail_u0), then 2·tail_u0 + i for tile i of the phase-2 snake; kPaired is the
+  // boundary at the end (tail_u0 = all pairs, no phase 2). Set on the host (tail_split).
+  __device__ static bool paired(const FwdArgs& a) { return kCausal && (a.sched == kPaired || a.sched == kPairedTail); }
+  // The CTA's tiles as a chain: first() and next(idx); an index >= FwdArgs::sched_total ends it.
+  // The consumers take next() before a tile's main loop, where few registers are live: computed
+  // after it (as the round-counter form was), the consumer of d256 causal spilled (session 6).
+  __device__ static int first(const FwdArgs& a) {
     const int g = int(gridDim.x), c = int(blockIdx.x);
-    if (kCausal && mode == kPaired) return 2 * ((k >> 1) * g + c) + (k & 1);
-    return k * g + (mode == kSnake && (k & 1) ? g - 1 - c : c);
+    if (paired(a)) return 2 * c < 2 * a.tail_u0 ? 2 * c : phase2_first(a, g, c);
+    return c;
   }
-  __device__ bool valid(int idx) const { return idx < total; }
-  __device__ TileCoord coord(int idx) const {
-    if (kCausal && mode == kPaired) {
+  __device__ static int next(const FwdArgs& a, int idx) {
+    const int g = int(gridDim.x), c = int(blockIdx.x);
+    if (paired(a)) {
+      if (idx < 2 * a.tail_u0) {  // phase 1: heavy (even) → light, light → the next pair's heavy
+        const int n = idx + ((idx & 1) ? 2 * g - 1 : 1);
+        return n < 2 * a.tail_u0 ? n : phase2_first(a, g, c);
+      }
+      const int i = idx - 2 * a.tail_u0, r = (i + a.tail_off) / g;  // phase-2 round
+      return idx + ((r & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
+    }
+    if (a.sched == kSnake) return idx + (((idx / g) & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
+    return idx + g;
+  }
+  // Phase 2 continues the round-robin at position tail_off: CTAs c >= off start in round 0 at
+  // position c, the others in round 1 at position g − 1 − c.
+  __device__ static int phase2_first(const FwdArgs& a, int g, int c) {
+    const int off = a.tail_off;
+    return 2 * a.tail_u0 + (c >= off ? c - off : 2 * g - 1 - c - off);
+  }
+  __device__ static bool valid(const FwdArgs& a, int idx) { return idx < a.sched_total; }
+  __device__ static TileCoord coord(const FwdArgs& a, int idx) {
+    const int m_blocks = a.m_blocks, heads = a.heads, hb_total = a.heads * a.batch;
+    if (paired(a) && idx >= 2 * a.tail_u0) {  // phase 2: heaviest first, then head
+      const int hp0 = a.tail_hp0, nh2 = hb_total - 2 * hp0, i = idx - 2 * a.tail_u0, hb = 2 * hp0 + i % nh2;
+      return {m_blocks - 1 - i / nh2, hb % heads, hb / heads};
+    }
+    if (paired(a)) {
       const int u = (idx >> 1) % m_blocks, s = idx & 1, half = m_blocks / 2;
       int hb = 2 * ((idx >> 1) / m_blocks), m;
       if (u < 2 * half) {  // (M−1−p, p) of one head of the pair
@@ -62,8 +96,8 @@ struct TileScheduler {
       if (hb >= hb_total) return {m_blocks, 0, 0};  // virtual: past the last head
       return {m, hb % heads, hb / heads};
     }
-    if (kCausal && mode == kSnake) {  // heaviest query block of every head first
-      const int hbs = total / m_blocks, m_rev = idx / hbs, hb = idx % hbs;
+    if (kCausal && a.sched == kSnake) {  // heaviest query block of every head first
+      const int m_rev = idx / hb_total, hb = idx % hb_total;
       return {m_blocks - 1 - m_rev, hb % heads, hb / heads};
     }
     const int m = idx % m_blocks, hb = idx / m_blocks;
@@ -80,9 +114,32 @@ inline int sched_mode(bool causal, int head_dim, int m_blocks, long long heads_b
   if (paired_units(m_blocks, heads_batch) < sm_count) return kOnePerCta;
   return head_dim == 64 ? kSnake : kPaired;
 }
+// The paired schedules' phase boundary for a grid of g CTAs: kPaired all pairs; kPairedTail all
+// whole rounds of pairs but one, cut down to whole head pairs (so phase 2 is whole heads).
+inline void tail_split(FwdArgs& a, long long heads_batch, int g) {
+  const long long pairs = paired_units(a.m_blocks, heads_batch);
+  if (a.sched == kPaired) {  // no phase 2
+    a.tail_hp0 = int((heads_batch + 1) / 2);
+    a.tail_u0 = int(pairs);
+  } else {
+    const long long r1 = pairs / g > 1 ? pairs / g - 1 : 0;
+    a.tail_hp0 = int(r1 * g / a.m_blocks);
+    a.tail_u0 = a.tail_hp0 * a.m_blocks;
+  }
+  a.tail_off = a.tail_u0 % g;
+}
+// FwdArgs::sched (the mode) and its derived fields: sched_total (tile slots), the paired boundary.
+inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int grid) {
+  a.sched_total = int(a.m_blocks * heads_batch);
+  if (causal && (a.sched == kPaired || a.sched == kPairedTail)) {
+    tail_split(a, heads_batch, grid);
+    a.sched_total = 2 * a.tail_u0 + a.m_blocks * int(heads_batch > 2LL * a.tail_hp0 ? heads_batch - 2LL * a.tail_hp0 : 0);
+  }
+}
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {
-  const long long units = mode == kPaired ? paired_units(m_blocks, heads_batch) : m_blocks * heads_batch;
+  const long long units =
+      mode == kPaired || mode == kPairedTail ? paired_units(m_blocks, heads_batch) : m_blocks * heads_batch;
   return mode == kOnePerCta || units < sm_count ? int(units) : sm_count;
 }
 

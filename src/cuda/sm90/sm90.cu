@@ -104,10 +104,10 @@ int fwd_block_m_for(const detail::Params& p) {
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
-// tile per CTA), 2 (snake) or 3 (paired; causal only) for measurements.
+// tile per CTA), 2 (snake), 3 (paired) or 4 (paired with a snake tail; causal only) for measurements.
 int fwd_sched_forced() {
   static const int m = env_knob("FLASHATTN_SM90_FWD_SCHED", -1);
-  return m >= 0 && m <= 3 ? m : -1;
+  return m >= 0 && m <= 4 ? m : -1;
 }
 
 // fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N = 128 or 176 at d128 with 128-row tiles (measurements).

@@ -21,7 +21,7 @@ def sched_mode(causal, head_dim, m_blocks, hb, sms):
         return STRIDED
     if paired_units(m_blocks, hb) < sms:
         return ONE_PER_CTA
-    return SNAKE if head_dim == 64 else PAIRED
+    return SNAKE if head_dim == 64 else PAIRED_TAIL
 
 
 def grid_size(mode, m_blocks, hb, sms):

@@ -16,7 +16,7 @@
 //       keys, nothing loaded or stored).
 //   kOnePerCta (causal, fewer pairs than SMs): grid = tiles; the hardware block scheduler hands
 //       the heaviest remaining tile to whichever SM frees up first.
-//   kPairedTail (causal; measurements only, FLASHATTN_SM90_FWD_SCHED=4, until timed on the GPU):
+//   kPairedTail (causal d128/d256, at least as many pairs as SMs; the default since session 7):
 //       kPaired for all but the last one to two rounds' worth of pairs, then the snake over the
 //       remaining heads' tiles, heaviest first. Pairs are large, equal units, so kPaired ends with
 //       P mod G CTAs running one more pair than the rest (P / G = 7.76 on the d128 grid: 3 % of the
@@ -108,11 +108,13 @@ struct TileScheduler {
 // The grid's mode when the host does not force one.
 inline long long paired_units(int m_blocks, long long heads_batch) { return m_blocks * ((heads_batch + 1) / 2); }
 // Causal d64 takes the snake: its kernel times (CUPTI, H200, session 6) were 5–6 % shorter than
-// paired at N = 512 and 8192 (d128/d256: paired 7–13 % shorter at N ≤ 2048, 2 % at 8192).
+// paired at N = 512 and 8192 (d128/d256: paired 7–13 % shorter at N ≤ 2048, 2 % at 8192). The
+// paired schedule with a snake tail was 1.5–4.5 % shorter than plain paired at d128/d256 on every
+// causal grid row measured (session 7, kernel time; interleaved per call +1–3 %).
 inline int sched_mode(bool causal, int head_dim, int m_blocks, long long heads_batch, int sm_count) {
   if (!causal) return kStrided;
   if (paired_units(m_blocks, heads_batch) < sm_count) return kOnePerCta;
-  return head_dim == 64 ? kSnake : kPaired;
+  return head_dim == 64 ? kSnake : kPairedTail;
 }
 // The paired schedules' phase boundary for a grid of g CTAs: kPaired all pairs; kPairedTail all
 // whole rounds of pairs but one, cut down to whole head pairs (so phase 2 is whole heads).

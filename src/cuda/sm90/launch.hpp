@@ -30,11 +30,7 @@ struct FwdArgs {
   float* lse;                          // may be null
   long long lse_batch_stride, lse_head_stride, lse_row_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
-  int window_left, window_right;         // sliding window (keys row + diag − left … row + diag + right,
-                                         // diag = seqlen_k − seqlen_q); −1 = unbounded; clamped on
-                                         // the host (sm90.cu); the causal kernels take right = 0
   float scale_log2;                      // scale · log2(e); with a softcap, cap · log2(e)
-  float softcap_scale;                   // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   int batch, m_blocks;                   // tiles = m_blocks · heads · batch (scheduler.cuh)
   int block_m;                           // query tile (tile_size.hpp, fwd_block_m)
   int block_n;                           // key tile (fwd_block_n)
@@ -47,6 +43,10 @@ struct FwdArgs {
   // tail_off = tail_u0 mod G.
   int tail_u0, tail_hp0, tail_off;
   int sched_total;  // tile slots the schedule walks (set_schedule): idx < sched_total is a tile
+  // Causal kernels only: the left window (keys row + diag − window_left … row + diag, diag =
+  // seqlen_k − seqlen_q); −1 = unbounded; clamped below seqlen_k on the host (sm90.cu).
+  int window_left;
+  float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ
@@ -64,14 +64,10 @@ struct BwdArgs {
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
-  int window_left, window_right;         // sliding window (keys row + diag − left … row + diag + right,
-                                         // diag = seqlen_k − seqlen_q); −1 = unbounded; clamped on
-                                         // the host (sm90.cu); the causal kernels take right = 0
   int m_blocks, m_pad;                   // query tiles (BwdTile::kBlockM rows) per (batch, head); padded rows
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)
-  float scale_log2;                      // scale · log2(e); with a softcap, cap · log2(e)
-  float softcap_scale;                   // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
+  float scale_log2;                      // scale · log2(e)
   float scale;
   int flags;                             // BwdFlags
 };

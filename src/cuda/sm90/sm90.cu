@@ -163,7 +163,6 @@ void forward(const detail::Params& p) {
   // A left window that reaches past every key is no bound (−1), which keeps the kernel's bounds
   // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
   a.window_left = p.causal && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
-  a.window_right = p.causal ? 0 : -1;
   // Folded once, here: p = 2^(s·scale_log2 − max); with a softcap s is cap·tanh(qk·scale/cap)
   // computed in the kernel as tanh(qk·softcap_scale), so scale_log2 = cap·log2(e).
   a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;

@@ -48,8 +48,11 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
       if (tile_keys<Tile, kCausal>(a, Sched::coord(a, idx)).count() > 0) last_work = idx;
     bool first_work = true;
-    for (int idx = Sched::first(a), next_idx; Sched::valid(a, idx); idx = next_idx) {
-      next_idx = Sched::next(a, idx);  // here, where few registers are live (not after run())
+    for (int idx = Sched::first(a), next_idx = 0; Sched::valid(a, idx); idx = next_idx) {
+      // The causal chains take next() here, where few registers are live (taken after run(), the
+      // d256 consumer spilled); the strided one after the tile (taken here, it cost d128 non-causal
+      // 2–3 %, session 7).
+      if (kCausal) next_idx = Sched::next(a, idx);
       const TileCoord tc = Sched::coord(a, idx);
       const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc);
       const int n_blocks = keys.count();
@@ -64,6 +67,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
       // now, after thread 0's wait for the store's smem reads.
       if ((!Tile::kSeparateO || n_blocks == 0) && threadIdx.x % 128 == 0) ptx::mbar_arrive(sm.empty_q);
+      if (!kCausal) next_idx = Sched::next(a, idx);
     }
   }
 }

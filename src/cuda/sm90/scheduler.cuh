@@ -67,7 +67,7 @@ struct TileScheduler {
       const int i = idx - 2 * a.tail_u0, r = (i + a.tail_off) / g;  // phase-2 round
       return idx + ((r & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
     }
-    if (a.sched == kSnake) return idx + (((idx / g) & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
+    if (kCausal && a.sched == kSnake) return idx + (((idx / g) & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
     return idx + g;
   }
   // Phase 2 continues the round-robin at position tail_off: CTAs c >= off start in round 0 at

@@ -159,6 +159,9 @@ struct Consumer {
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
   static constexpr bool kLazyRescale = kHeadDim >= 192 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
+  // Softcap in the main loop (a uniform branch per tile) everywhere but d64 non-causal, whose
+  // kernel time it lengthened 1–2 % unused (session 7); those calls fall back (sm90.cu, supports).
+  static constexpr bool kSoftcap = kCausal || kHeadDim != 64;
   Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
@@ -241,7 +244,7 @@ struct Consumer {
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
       const int n = keys.end - 1;
-      if (a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
       convert_p(acc_s, p);
@@ -261,7 +264,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
-      if (a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);

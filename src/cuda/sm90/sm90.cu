@@ -129,6 +129,7 @@ bool supports(const detail::Params& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256) return false;
   if (p.varlen()) return false;
+  if (p.softcap != 0.f && p.head_dim == 64 && !p.causal) return false;  // Consumer::kSoftcap
   // Windows: causal (window_right = 0) with any left window; the non-causal kernels take none.
   if (p.causal ? p.window_right != 0 : (p.window_left >= 0 || p.window_right >= 0)) return false;
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0

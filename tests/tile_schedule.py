@@ -16,12 +16,12 @@ def paired_units(m_blocks, hb):
     return m_blocks * ((hb + 1) // 2)
 
 
-def sched_mode(causal, head_dim, m_blocks, hb, sms):
+def sched_mode(causal, m_blocks, hb, sms):
     if not causal:
         return STRIDED
     if paired_units(m_blocks, hb) < sms:
         return ONE_PER_CTA
-    return SNAKE if head_dim == 64 else PAIRED_TAIL
+    return PAIRED_TAIL
 
 
 def grid_size(mode, m_blocks, hb, sms):
@@ -127,9 +127,9 @@ def main():
     for causal in (False, True):
         for m_blocks in (1, 2, 3, 4, 5, 8, 11, 16, 64, 128):
             for hb in (1, 3, 16, 67, 512):
-                for mode in (64, 128, SNAKE, PAIRED, PAIRED_TAIL) if causal else (128,):
-                    # 64 / 128: the default for that head dim; else the mode forced
-                    mode = sched_mode(causal, mode, m_blocks, hb, sms) if mode >= 64 else mode
+                for mode in (None, SNAKE, PAIRED, PAIRED_TAIL) if causal else (None,):
+                    # None: the default; else the mode forced
+                    mode = sched_mode(causal, m_blocks, hb, sms) if mode is None else mode
                     g = grid_size(mode, m_blocks, hb, sms)
                     seen, load = {}, []
                     for c in range(g):

@@ -86,7 +86,7 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
   FwdArgs a = args;
   const long long heads_batch = (long long)a.heads * a.batch;
-  if (a.sched < 0 || (!kCausal && a.sched != kStrided && a.sched != kOnePerCta)) a.sched = sched_mode(kCausal, kHeadDim, a.m_blocks, heads_batch, sms);
+  if (a.sched < 0 || (!kCausal && a.sched != kStrided && a.sched != kOnePerCta)) a.sched = sched_mode(kCausal, a.m_blocks, heads_batch, sms);
   const int grid = grid_size(a.sched, a.m_blocks, heads_batch, sms);
   set_schedule(a, kCausal, heads_batch, grid);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(a);

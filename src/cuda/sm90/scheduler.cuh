@@ -16,7 +16,7 @@
 //       keys, nothing loaded or stored).
 //   kOnePerCta (causal, fewer pairs than SMs): grid = tiles; the hardware block scheduler hands
 //       the heaviest remaining tile to whichever SM frees up first.
-//   kPairedTail (causal d128/d256, at least as many pairs as SMs; the default since session 7):
+//   kPairedTail (causal, at least as many pairs as SMs; the default since session 7):
 //       kPaired for all but the last one to two rounds' worth of pairs, then the snake over the
 //       remaining heads' tiles, heaviest first. Pairs are large, equal units, so kPaired ends with
 //       P mod G CTAs running one more pair than the rest (P / G = 7.76 on the d128 grid: 3 % of the
@@ -25,11 +25,11 @@
 //       heads); phase 2 continues the round-robin where phase 1 stopped (position u0 mod G), so the
 //       CTAs that ran one pair fewer take the heaviest remaining tiles. Model (tests/tile_schedule.py):
 //       largest CTA load / mean 1.031 (paired) → 1.000–1.011 on the grid for N ≥ 1024.
-//   kSnake (causal d64, at least as many pairs as SMs): persistent; tiles ordered heaviest
+//   kSnake (causal; measurements only, FLASHATTN_SM90_FWD_SCHED=2): persistent; tiles ordered heaviest
 //       first over all heads, round r gives CTA c tile r·G + c (r even) or r·G + G−1−c (r odd).
 //       Balanced, but a head's query blocks run rounds apart: with many heads its K/V has left L2
 //       in between (session 5: at N = 512, 512 heads' K/V = 128 MiB re-read from DRAM per query
-//       block). It was the short-causal default until session 5; d64 keeps it (sched_mode).
+//       block). The short-causal default until session 5, d64's until session 7 (sched_mode).
 #pragma once
 
 #include "cuda/sm90/launch.hpp"
@@ -111,10 +111,10 @@ inline long long paired_units(int m_blocks, long long heads_batch) { return m_bl
 // paired at N = 512 and 8192 (d128/d256: paired 7–13 % shorter at N ≤ 2048, 2 % at 8192). The
 // paired schedule with a snake tail was 1.5–4.5 % shorter than plain paired at d128/d256 on every
 // causal grid row measured (session 7, kernel time; interleaved per call +1–3 %).
-inline int sched_mode(bool causal, int head_dim, int m_blocks, long long heads_batch, int sm_count) {
+inline int sched_mode(bool causal, int m_blocks, long long heads_batch, int sm_count) {
   if (!causal) return kStrided;
   if (paired_units(m_blocks, heads_batch) < sm_count) return kOnePerCta;
-  return head_dim == 64 ? kSnake : kPairedTail;
+  return kPairedTail;
 }
 // The paired schedules' phase boundary for a grid of g CTAs: kPaired all pairs; kPairedTail all
 // whole rounds of pairs but one, cut down to whole head pairs (so phase 2 is whole heads).

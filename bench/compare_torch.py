@@ -210,6 +210,9 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 777, 1500, 4, 4, 64, {"causal": True, "wl": 333}),
     (torch.bfloat16, 1, 1200, 600, 4, 4, 256, {"causal": True, "wl": 100}),
     (torch.float16, 2, 2048, 2048, 8, 8, 64, {"causal": True, "wl": 511}),
+    # a window ending at the diagonal without causal=True: the same keys, the causal kernels
+    (torch.bfloat16, 1, 700, 900, 8, 2, 128, {"wl": 100, "wr": 0}),
+    (torch.float16, 2, 300, 300, 4, 4, 256, {"wl": 0, "wr": 0}),
 ]
 
 

@@ -96,11 +96,15 @@ int env_knob(const char* name, int unset) {
 }
 
 namespace {
+// The causal kernels serve every call whose keys end at the diagonal: causal, or a window
+// (window_left, 0) (Params folds causal in as window_right = 0).
+bool causal_kernel(const detail::Params& p) { return p.window_right == 0; }
+
 // fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
 int fwd_block_m_for(const detail::Params& p) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
   if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
-  return fwd_block_m(int(p.head_dim), p.causal, p.seqlen_q, p.seqlen_k);
+  return fwd_block_m(int(p.head_dim), causal_kernel(p), p.seqlen_q, p.seqlen_k);
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
@@ -119,7 +123,7 @@ int fwd_block_n_for(const detail::Params& p, int block_m) {
 
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
-  return p.causal ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
+  return causal_kernel(p) ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);
 }
 
 }  // namespace
@@ -129,9 +133,9 @@ bool supports(const detail::Params& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256) return false;
   if (p.varlen()) return false;
-  if (p.softcap != 0.f && p.head_dim == 64 && !p.causal) return false;  // Consumer::kSoftcap
-  // Windows: causal (window_right = 0) with any left window; the non-causal kernels take none.
-  if (p.causal ? p.window_right != 0 : (p.window_left >= 0 || p.window_right >= 0)) return false;
+  if (p.softcap != 0.f && p.head_dim == 64 && !causal_kernel(p)) return false;  // Consumer::kSoftcap
+  // Windows: the causal kernels take any left window; the non-causal kernels none.
+  if (!causal_kernel(p) && (p.window_left >= 0 || p.window_right >= 0)) return false;
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;
@@ -163,7 +167,7 @@ void forward(const detail::Params& p) {
   a.group = int(p.heads / p.heads_kv);
   // A left window that reaches past every key is no bound (−1), which keeps the kernel's bounds
   // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
-  a.window_left = p.causal && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
+  a.window_left = causal_kernel(p) && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
   // Folded once, here: p = 2^(s·scale_log2 − max); with a softcap s is cap·tanh(qk·scale/cap)
   // computed in the kernel as tanh(qk·softcap_scale), so scale_log2 = cap·log2(e).
   a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;

@@ -107,10 +107,11 @@ struct TileScheduler {
 
 // The grid's mode when the host does not force one.
 inline long long paired_units(int m_blocks, long long heads_batch) { return m_blocks * ((heads_batch + 1) / 2); }
-// Causal d64 takes the snake: its kernel times (CUPTI, H200, session 6) were 5–6 % shorter than
-// paired at N = 512 and 8192 (d128/d256: paired 7–13 % shorter at N ≤ 2048, 2 % at 8192). The
-// paired schedule with a snake tail was 1.5–4.5 % shorter than plain paired at d128/d256 on every
-// causal grid row measured (session 7, kernel time; interleaved per call +1–3 %).
+// Causal: the paired schedule with a snake tail. Measured (CUPTI kernel time, H200): plain paired
+// 7–13 % shorter than the snake at d128/d256 for N ≤ 2048, 2 % at 8192 (session 6); the tail
+// 1.5–4.5 % shorter than plain paired at d128/d256 on every causal row (session 7); at d64, where
+// the snake had been 5–6 % shorter than plain paired, the tail ties the snake at N = 512, 1024 and
+// 16384 and is 1–3 % shorter at 2048/4096 (session 7, twice each, and interleaved per call).
 inline int sched_mode(bool causal, int m_blocks, long long heads_batch, int sm_count) {
   if (!causal) return kStrided;
   if (paired_units(m_blocks, heads_batch) < sm_count) return kOnePerCta;

@@ -89,7 +89,8 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
   return {first, end <= 0 ? first : max(first, (end + Tile::kBlockN - 1) / Tile::kBlockN)};
 }
 
-// The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh, kPaired with odd M).
+// The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
+// heads·batch).
 template <class Tile, bool kCausal>
 __device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc) {
   return tc.m_block < a.m_blocks ? key_range<Tile, kCausal>(a, tc.m_block) : KeyTiles{0, 0};

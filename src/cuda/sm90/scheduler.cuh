@@ -2,7 +2,7 @@
 //
 // Tile index order: query block fastest (reversed for causal, so the heaviest blocks go first),
 // then head, then batch; CTAs that run at the same time share a head and so its K/V in L2.
-// Four grids, chosen on the host (FwdArgs::sched, sched_mode below):
+// Five modes, chosen on the host (FwdArgs::sched, sched_mode below):
 //   kStrided (non-causal): persistent, min(#SMs, tiles) CTAs, CTA c takes tiles c, c+G, c+2G, …;
 //       every tile costs the same, and the producer prefetches the next tile's K and Q while the
 //       consumers finish the current one.
@@ -37,9 +37,11 @@
 namespace flashattn::cuda::sm90 {
 
 enum SchedMode : int { kStrided = 0, kOnePerCta = 1, kSnake = 2, kPaired = 3, kPairedTail = 4 };
+// The two modes that walk pairs of query blocks (and share first/next/coord below).
+__host__ __device__ constexpr bool paired_mode(int mode) { return mode == kPaired || mode == kPairedTail; }
 
 struct TileCoord {
-  int m_block, head, batch;  // m_block >= FwdArgs::m_blocks: a virtual tile (kPaired, odd M)
+  int m_block, head, batch;  // m_block >= FwdArgs::m_blocks: a virtual tile (paired modes, odd heads·batch)
 };
 
 template <bool kCausal>
@@ -48,10 +50,11 @@ struct TileScheduler {
   // kPaired and kPairedTail run the same code: slots 2u + s (tile s, 0 heavy / 1 light, of pair u)
   // for pairs [0, tail_u0), then 2·tail_u0 + i for tile i of the phase-2 snake; kPaired is the
   // boundary at the end (tail_u0 = all pairs, no phase 2). Set on the host (tail_split).
-  __device__ static bool paired(const FwdArgs& a) { return kCausal && (a.sched == kPaired || a.sched == kPairedTail); }
+  __device__ static bool paired(const FwdArgs& a) { return kCausal && paired_mode(a.sched); }
   // The CTA's tiles as a chain: first() and next(idx); an index >= FwdArgs::sched_total ends it.
-  // The consumers take next() before a tile's main loop, where few registers are live: computed
-  // after it (as the round-counter form was), the consumer of d256 causal spilled (session 6).
+  // The causal consumers take next() before a tile's main loop, where few registers are live
+  // (computed after it, the consumer of d256 causal spilled, session 6); the strided ones after the
+  // tile (kernel_fwd.cuh).
   __device__ static int first(const FwdArgs& a) {
     const int g = int(gridDim.x), c = int(blockIdx.x);
     if (paired(a)) return 2 * c < 2 * a.tail_u0 ? 2 * c : phase2_first(a, g, c);
@@ -134,7 +137,7 @@ inline void tail_split(FwdArgs& a, long long heads_batch, int g) {
 // FwdArgs::sched (the mode) and its derived fields: sched_total (tile slots), the paired boundary.
 inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int grid) {
   a.sched_total = int(a.m_blocks * heads_batch);
-  if (causal && (a.sched == kPaired || a.sched == kPairedTail)) {
+  if (causal && paired_mode(a.sched)) {
     tail_split(a, heads_batch, grid);
     a.sched_total = 2 * a.tail_u0 + a.m_blocks * int(heads_batch > 2LL * a.tail_hp0 ? heads_batch - 2LL * a.tail_hp0 : 0);
   }
@@ -142,7 +145,7 @@ inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int gri
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {
   const long long units =
-      mode == kPaired || mode == kPairedTail ? paired_units(m_blocks, heads_batch) : m_blocks * heads_batch;
+      paired_mode(mode) ? paired_units(m_blocks, heads_batch) : m_blocks * heads_batch;
   return mode == kOnePerCta || units < sm_count ? int(units) : sm_count;
 }
 

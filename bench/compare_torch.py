@@ -204,6 +204,10 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     # head dim 192 (the Hopper forward's 128×112 tile): partial key tiles, GQA, many tiles
     (torch.bfloat16, 2, 1000, 1000, 8, 2, 192, {}),
     (torch.float16, 1, 2048, 2048, 8, 8, 192, {"causal": True}),
+    # head dim 96 (the Hopper forward's d128 kernels, Q/K/V zero-padded by TMA, O stored to 96)
+    (torch.bfloat16, 2, 1000, 1000, 8, 2, 96, {}),
+    (torch.float16, 1, 777, 1500, 4, 4, 96, {"causal": True}),
+    (torch.bfloat16, 1, 600, 600, 4, 4, 96, {"causal": True, "wl": 100, "softcap": 30.0}),
     # sliding-window causal (the Hopper forward's left window): windows across key-tile edges,
     # Nk > Nq, Nq > Nk (masked rows), 192-row d64 tiles
     (torch.bfloat16, 2, 1000, 1000, 8, 2, 128, {"causal": True, "wl": 200}),

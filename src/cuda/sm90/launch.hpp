@@ -47,6 +47,8 @@ struct FwdArgs {
   // seqlen_k − seqlen_q); −1 = unbounded; clamped below seqlen_k on the host (sm90.cu).
   int window_left;
   float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
+  int x_chunks;  // 1 for head_dim 96 (on the d128 kernels): the maps hold the row's 96 elements as
+                 // dimension 0, each 64-column chunk its own TMA load/store at x = 64·c (sm90.cu, make_map)
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ

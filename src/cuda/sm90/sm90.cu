@@ -53,10 +53,15 @@ CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, in
     return extent == 1 ? cuuint64_t(128) : cuuint64_t(elems * 2);
   };
   CUtensorMap map;
-  const cuuint64_t dims[5] = {64, cuuint64_t(rows), cuuint64_t(d / 64), cuuint64_t(heads), cuuint64_t(batch)};
+  // d a multiple of 64: 64-element chunks as dimension 2, one box may take several. Otherwise
+  // (d = 96) the row's d elements are dimension 0 and a tile loads chunk c on its own at x = 64·c;
+  // the elements past d read as zeros and are not stored (FwdArgs::x_chunks).
+  const bool x_chunks = d % 64 != 0;
+  const cuuint64_t dims[5] = {cuuint64_t(x_chunks ? d : 64), cuuint64_t(rows), cuuint64_t(x_chunks ? 1 : d / 64),
+                              cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[4] = {stride_bytes(rows, t.row_stride), 128, stride_bytes(heads, t.head_stride),
                                  stride_bytes(batch, t.batch_stride)};
-  const cuuint32_t box[5] = {64, cuuint32_t(box_rows), cuuint32_t(box_chunks), 1, 1};
+  const cuuint32_t box[5] = {64, cuuint32_t(box_rows), cuuint32_t(x_chunks ? 1 : box_chunks), 1, 1};
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode_fn()(&map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                  5, t.data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -96,6 +101,9 @@ int env_knob(const char* name, int unset) {
 }
 
 namespace {
+// The head dim of the kernel a call runs: head_dim 96 runs the d128 kernels (FwdArgs::x_chunks).
+int kernel_head_dim(const detail::Params& p) { return p.head_dim == 96 ? 128 : int(p.head_dim); }
+
 // The causal kernels serve every call whose keys end at the diagonal: causal, or a window
 // (window_left, 0) (Params folds causal in as window_right = 0).
 bool causal_kernel(const detail::Params& p) { return p.window_right == 0; }
@@ -104,7 +112,7 @@ bool causal_kernel(const detail::Params& p) { return p.window_right == 0; }
 int fwd_block_m_for(const detail::Params& p) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
   if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
-  return fwd_block_m(int(p.head_dim), causal_kernel(p), p.seqlen_q, p.seqlen_k);
+  return fwd_block_m(kernel_head_dim(p), causal_kernel(p), p.seqlen_q, p.seqlen_k);
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
@@ -117,8 +125,8 @@ int fwd_sched_forced() {
 // fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N = 128 or 176 at d128 with 128-row tiles (measurements).
 int fwd_block_n_for(const detail::Params& p, int block_m) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_N", 0);
-  if ((forced == 128 || forced == 176) && p.head_dim == 128 && block_m == 128) return forced;
-  return fwd_block_n(int(p.head_dim), p.seqlen_k);
+  if ((forced == 128 || forced == 176) && kernel_head_dim(p) == 128 && block_m == 128) return forced;
+  return fwd_block_n(kernel_head_dim(p), p.seqlen_k);
 }
 
 template <int kHeadDim, bool kF16>
@@ -131,7 +139,9 @@ cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
 bool supports(const detail::Params& p) {
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256) return false;
+  // head_dim 96 runs the d128 kernels, its Q, K, V zero-padded to 128 by TMA (FwdArgs::x_chunks).
+  if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
+    return false;
   if (p.varlen()) return false;
   if (p.softcap != 0.f && p.head_dim == 64 && !causal_kernel(p)) return false;  // Consumer::kSoftcap
   // Windows: the causal kernels take any left window; the non-causal kernels none.
@@ -149,7 +159,7 @@ bool supports(const detail::Params& p) {
 void forward(const detail::Params& p) {
   if (!supports(p)) throw Error("flashattn sm90 forward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
-  const int d = int(p.head_dim);
+  const int d = int(p.head_dim);  // the tensors'; the kernel's is 128 for d = 96 (kernel_head_dim)
   const int block_m = fwd_block_m_for(p);
   const int block_n = fwd_block_n_for(p, block_m);
   FwdArgs a{};
@@ -157,6 +167,7 @@ void forward(const detail::Params& p) {
   a.tm_k = make_map(p.k, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
   a.tm_v = make_map(p.v, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
   a.tm_o = make_map(p.out, p.batch, p.seqlen_q, p.heads, d, 64, 1, f16);  // one 64-row WG, one chunk
+  a.x_chunks = d % 64 != 0;
   a.lse = p.lse.data;
   a.lse_batch_stride = p.lse.batch_stride;
   a.lse_head_stride = p.lse.head_stride;
@@ -181,7 +192,7 @@ void forward(const detail::Params& p) {
   a.serial_softmax = serial;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
-  switch (d) {
+  switch (kernel_head_dim(p)) {
     case 64: e = f16 ? launch<64, true>(a, p, s) : launch<64, false>(a, p, s); break;
     case 128: e = f16 ? launch<128, true>(a, p, s) : launch<128, false>(a, p, s); break;
     case 192: e = f16 ? launch<192, true>(a, p, s) : launch<192, false>(a, p, s); break;

@@ -5,8 +5,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-// True when forward(p) handles this call: f16/bf16, head_dim 64/128/256, no window other than
-// causal, no softcap, no varlen, 16-byte aligned rows and strides, positive scale, an sm_90 device.
+// True when forward(p) handles this call: f16/bf16, head_dim 64/96/128/192/256 (96 on the d128
+// kernels), causal windows (left, 0), softcap (not at d64 without causal), no varlen, 16-byte
+// aligned rows and strides, positive scale, an sm_90 device.
 bool supports(const detail::Params& p);
 
 // Runs the forward pass on p.stream; throws flashattn::Error carrying CUDA's message on failure.

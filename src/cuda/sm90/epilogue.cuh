@@ -38,8 +38,10 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   if (t == 0 && row_start < a.seqlen_q) {
 #pragma unroll
     for (int chunk = 0; chunk < Tile::kChunks; ++chunk)
-      ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, a.x_chunks ? 64 * chunk : 0, row_start,
-                        a.x_chunks ? 0 : chunk, head, batch);  // x_chunks: the columns past 96 are not stored
+      if (kHeadDim == 128 && a.x_chunks)  // head_dim 96: the columns past 96 are not stored
+        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 64 * chunk, row_start, 0, head, batch);
+      else
+        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 0, row_start, chunk, head, batch);
     ptx::tma_store_commit();
   }
 

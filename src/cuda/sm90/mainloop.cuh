@@ -109,7 +109,7 @@ struct PipeState {
 template <class Tile, int kRows>
 __device__ __forceinline__ void load_tile(const FwdArgs& a, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
                                           int row, int head, int batch) {
-  if (a.x_chunks) {
+  if (Tile::kChunks == 2 && a.x_chunks) {  // only the d128 kernels run head_dim 96
 #pragma unroll
     for (int c = 0; c < Tile::kChunks; ++c) ptx::tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
   } else {

@@ -217,6 +217,11 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     # a window ending at the diagonal without causal=True: the same keys, the causal kernels
     (torch.bfloat16, 1, 700, 900, 8, 2, 128, {"wl": 100, "wr": 0}),
     (torch.float16, 2, 300, 300, 4, 4, 256, {"wl": 0, "wr": 0}),
+    # any window on the causal kernels: both sides, right only, left only (right clamped to Nq)
+    (torch.bfloat16, 2, 600, 800, 8, 2, 128, {"wl": 64, "wr": 16}),
+    (torch.float16, 1, 777, 500, 4, 4, 64, {"wr": 40}),
+    (torch.bfloat16, 1, 1024, 1024, 4, 4, 256, {"wl": 128}),
+    (torch.float16, 1, 513, 513, 4, 4, 192, {"wl": 100, "wr": 100, "softcap": 20.0}),
 ]
 
 

@@ -62,7 +62,7 @@ bool finite16(const Buf& b, DType t) {
 // dynamic persistent schedule (a CTA runs several tiles).
 // window_left >= 0: a sliding window (causal: the Hopper forward's left window); softcap > 0: tanh capping.
 int run(DType t, int d, bool causal, Algorithm algo, bool varlen, bool deterministic = true, int64_t heads = 4,
-        int window_left = -1, float softcap = 0.f) {
+        int window_left = -1, float softcap = 0.f, int window_right = -1) {
   std::mt19937 rng(d * 7 + causal);
   const int64_t B = varlen ? 1 : 2, Nq = varlen ? 150 : 70, Nk = varlen ? 190 : 90, H = heads, Hkv = heads / 2;
   const size_t e = 2;
@@ -75,7 +75,7 @@ int run(DType t, int d, bool causal, Algorithm algo, bool varlen, bool determini
   opt.algorithm = algo;
   opt.deterministic = deterministic;  // false: the Hopper backward kernel where it applies
   opt.window_left = window_left;
-  if (window_left >= 0 && causal) opt.window_right = 0;
+  opt.window_right = causal && window_left >= 0 ? 0 : window_right;
   opt.softcap = softcap;
   std::vector<int32_t> cq = {0, 60, 60, 150}, ckv = {0, 50, 120, 190};
   Buf cuq(16), cuk(16);
@@ -101,8 +101,9 @@ int run(DType t, int d, bool causal, Algorithm algo, bool varlen, bool determini
     return 1;
   }
   const bool ok = finite16(o, t) && finite16(dq, t) && finite16(dk, t) && finite16(dv, t);
-  std::printf("%s %s d%d causal=%d varlen=%d deterministic=%d window_left=%d softcap=%g: %s\n", to_string(algo),
-              to_string(t), d, causal, varlen, deterministic, window_left, softcap, ok ? "ok" : "NON-FINITE");
+  std::printf("%s %s d%d causal=%d varlen=%d deterministic=%d window=(%d, %d) softcap=%g: %s\n", to_string(algo),
+              to_string(t), d, causal, varlen, deterministic, window_left, opt.window_right, softcap,
+              ok ? "ok" : "NON-FINITE");
   return ok ? 0 : 1;
 }
 }  // namespace
@@ -119,6 +120,9 @@ int main() {
   // Sliding-window causal and softcap (the Hopper forward's window and tanh paths), one tile shape each.
   for (int d : {64, 128, 192, 256}) fails += run(DType::bf16, d, true, Algorithm::flash, false, true, 4, 37, d == 128 ? 0.f : 30.f);
   fails += run(DType::f16, 128, false, Algorithm::flash, false, true, 4, -1, 20.f);
+  // Windows without causal (the causal kernels with both bounds): left only, and left + right.
+  fails += run(DType::bf16, 128, false, Algorithm::flash, false, true, 4, 20, 0.f);
+  fails += run(DType::f16, 64, false, Algorithm::flash, false, true, 4, 9, 0.f, 5);
   for (int d : {64, 128, 256}) fails += run(DType::bf16, d, d != 64, Algorithm::flash, false, false);
   for (int d : {64, 128}) fails += run(DType::bf16, d, true, Algorithm::flash, false, false, 160);
   fails += run(DType::bf16, 64, false, Algorithm::standard, false);

@@ -43,9 +43,10 @@ struct FwdArgs {
   // tail_off = tail_u0 mod G.
   int tail_u0, tail_hp0, tail_off;
   int sched_total;  // tile slots the schedule walks (set_schedule): idx < sched_total is a tile
-  // Causal kernels only: the left window (keys row + diag − window_left … row + diag, diag =
-  // seqlen_k − seqlen_q); −1 = unbounded; clamped below seqlen_k on the host (sm90.cu).
-  int window_left;
+  // Causal kernels only: the window, keys row + diag − window_left … row + diag + window_right,
+  // diag = seqlen_k − seqlen_q; window_left −1 = unbounded (clamped below seqlen_k on the host),
+  // window_right >= 0 (0 = causal; an unbounded right side comes as seqlen_q + seqlen_k).
+  int window_left, window_right;
   float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   int x_chunks;  // 1 for head_dim 96 (on the d128 kernels): the maps hold the row's 96 elements as
                  // dimension 0, each 64-column chunk its own TMA load/store at x = 64·c (sm90.cu, make_map)

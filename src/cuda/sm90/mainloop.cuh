@@ -71,8 +71,9 @@ struct Smem {
 };
 
 // The key tiles [begin, end) the query block m_block needs (empty: every row fully masked). Row i
-// sees keys j < seqlen_k with, causal, i + diag − window_left <= j <= i + diag, diag = seqlen_k −
-// seqlen_q (bottom-right aligned; window_left −1: unbounded; the host clamps it below seqlen_k).
+// sees keys j < seqlen_k with, in the causal kernels, i + diag − window_left <= j <= i + diag +
+// window_right, diag = seqlen_k − seqlen_q (bottom-right aligned; window_left −1: unbounded;
+// window_right >= 0, clamped on the host: causal is window_right 0).
 struct KeyTiles {
   int begin, end;  // end >= begin (key_range)
   __device__ int count() const { return end - begin; }
@@ -82,7 +83,7 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
   const int diag = a.seqlen_k - a.seqlen_q;
   int end = a.seqlen_k, begin = 0;
   if (kCausal) {  // window_right = 0, and an optional left window (Consumer::run)
-    end = min(end, (m_block + 1) * Tile::kBlockM + diag);  // the last row's bound + 1
+    end = min(end, (m_block + 1) * Tile::kBlockM + diag + a.window_right);  // the last row's bound + 1
     if (a.window_left >= 0) begin = max(0, m_block * Tile::kBlockM + diag - a.window_left);
   }
   const int first = begin / Tile::kBlockN;
@@ -227,11 +228,11 @@ struct Consumer {
     const int t = threadIdx.x % 128;
     const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
     const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // the first row's diagonal key
-    // Windows: the causal kernels take a left window (sliding-window causal attention); the
-    // non-causal ones none (their calls with windows fall back: with the window checks in its main
-    // loop the d256 consumer spilled). wl/wr < 0: no bound.
+    // Windows: the causal kernels take every window (causal is window_right 0; an unbounded right
+    // side comes clamped to seqlen_q + seqlen_k); the non-causal ones none (with the window checks
+    // in its main loop the d256 non-causal consumer spilled). wl/wr < 0: no bound.
     auto wl = [&] { return kCausal ? a.window_left : -1; };
-    auto wr = [&] { return kCausal ? 0 : -1; };
+    auto wr = [&] { return kCausal ? a.window_right : -1; };
     const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {

@@ -104,9 +104,9 @@ namespace {
 // The head dim of the kernel a call runs: head_dim 96 runs the d128 kernels (FwdArgs::x_chunks).
 int kernel_head_dim(const detail::Params& p) { return p.head_dim == 96 ? 128 : int(p.head_dim); }
 
-// The causal kernels serve every call whose keys end at the diagonal: causal, or a window
-// (window_left, 0) (Params folds causal in as window_right = 0).
-bool causal_kernel(const detail::Params& p) { return p.window_right == 0; }
+// The causal kernels serve every call with a window (Params folds causal in as window_right = 0):
+// their key range per query block and their mask take both bounds.
+bool causal_kernel(const detail::Params& p) { return p.window_right >= 0 || p.window_left >= 0; }
 
 // fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
 int fwd_block_m_for(const detail::Params& p) {
@@ -144,12 +144,12 @@ bool supports(const detail::Params& p) {
     return false;
   if (p.varlen()) return false;
   if (p.softcap != 0.f && p.head_dim == 64 && !causal_kernel(p)) return false;  // Consumer::kSoftcap
-  // Windows: the causal kernels take any left window; the non-causal kernels none.
-  if (!causal_kernel(p) && (p.window_left >= 0 || p.window_right >= 0)) return false;
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;
   if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31)) return false;
+  // the causal kernels' key bound (m_block + 1)·kBlockM + diag + window_right must fit an int
+  if (causal_kernel(p) && p.seqlen_q + p.seqlen_k + 256 >= (int64_t(1) << 31)) return false;
   // tile slots (m_blocks · heads · batch, paired: m_blocks · (heads · batch + 1)) must fit an int
   if ((p.seqlen_q + 127) / 128 * (p.heads * p.batch + 1) >= (int64_t(1) << 31)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
@@ -179,6 +179,9 @@ void forward(const detail::Params& p) {
   // A left window that reaches past every key is no bound (−1), which keeps the kernel's bounds
   // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
   a.window_left = causal_kernel(p) && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
+  // Right bounds past every key (or none) come as seqlen_q: row + diag + seqlen_q >= seqlen_k.
+  const int64_t right_open = p.seqlen_q;
+  a.window_right = !causal_kernel(p) ? -1 : int(p.window_right < 0 ? right_open : std::min<int64_t>(p.window_right, right_open));
   // Folded once, here: p = 2^(s·scale_log2 − max); with a softcap s is cap·tanh(qk·scale/cap)
   // computed in the kernel as tanh(qk·softcap_scale), so scale_log2 = cap·log2(e).
   a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;

@@ -82,7 +82,7 @@ template <class Tile, bool kCausal>
 __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
   const int diag = a.seqlen_k - a.seqlen_q;
   int end = a.seqlen_k, begin = 0;
-  if (kCausal) {  // window_right = 0, and an optional left window (Consumer::run)
+  if (kCausal) {  // the window's right bound (0: causal) and an optional left one (tests/key_tiles.py)
     end = min(end, (m_block + 1) * Tile::kBlockM + diag + a.window_right);  // the last row's bound + 1
     if (a.window_left >= 0) begin = max(0, m_block * Tile::kBlockM + diag - a.window_left);
   }
@@ -229,7 +229,7 @@ struct Consumer {
     const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
     const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // the first row's diagonal key
     // Windows: the causal kernels take every window (causal is window_right 0; an unbounded right
-    // side comes clamped to seqlen_q + seqlen_k); the non-causal ones none (with the window checks
+    // side comes clamped to seqlen_q); the non-causal ones none (with the window checks
     // in its main loop the d256 non-causal consumer spilled). wl/wr < 0: no bound.
     auto wl = [&] { return kCausal ? a.window_left : -1; };
     auto wr = [&] { return kCausal ? a.window_right : -1; };

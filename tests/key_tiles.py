@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Model check (no GPU) of the Hopper forward's key-tile ranges and masks for windows: mirrors
+src/cuda/sm90/mainloop.cuh (key_range, Consumer::run's needs_mask) and softmax.cuh
+(FragmentSoftmax::mask) and sm90.cu's clamping of the window, and checks them against the
+visibility rule of include/flashattn (bottom-right aligned: row i sees key j < Nk with
+i + diag − wl <= j <= i + diag + wr, diag = Nk − Nq, a negative bound meaning none):
+  - every key a row of the query block sees lies in the block's key tiles [begin, end);
+  - a key tile the kernel runs without the mask (needs_mask false) is visible to every row of
+    the block that exists (rows < Nq);
+  - the mask keeps exactly the visible keys of every row;
+  - an unbounded right side clamped to Nq (sm90.cu) means the same keys as none.
+The causal kernels serve every window (causal = the window (−1, 0)); run for several tile shapes.
+"""
+import random
+
+
+def visible(i, j, nq, nk, wl, wr):
+    diag = nk - nq
+    if not 0 <= j < nk:
+        return False
+    if wr >= 0 and j > i + diag + wr:
+        return False
+    if wl >= 0 and j < i + diag - wl:
+        return False
+    return True
+
+
+def clamp(nq, nk, wl, wr):
+    """sm90.cu: window_left below Nk (else none), an unbounded right side as Nq."""
+    wl = wl if 0 <= wl < nk else -1
+    wr = nq if wr < 0 else min(wr, nq)
+    return wl, wr
+
+
+def key_range(m, bm, bn, nq, nk, wl, wr):
+    diag = nk - nq
+    end, begin = nk, 0
+    end = min(end, (m + 1) * bm + diag + wr)
+    if wl >= 0:
+        begin = max(0, m * bm + diag - wl)
+    first = begin // bn
+    return first, (first if end <= 0 else max(first, -(-end // bn)))
+
+
+def needs_mask(n, m, bm, bn, nq, nk, wl, wr):
+    key_end = (n + 1) * bn
+    diag_row_min = m * bm + nk - nq
+    return key_end > nk or (wr >= 0 and key_end - 1 > diag_row_min + wr) or \
+        (wl >= 0 and n * bn < diag_row_min + bm - 1 - wl)
+
+
+def mask_keeps(i, j, nq, nk, wl, wr):
+    """FragmentSoftmax::mask for one score: last/lo relative to the row's diagonal."""
+    diag = (nk - nq) + i
+    bound = min(nk - 1, diag + wr)  # the causal kernels: wr >= 0
+    if j > bound:
+        return False
+    if wl >= 0 and j < diag - wl:
+        return False
+    return True
+
+
+def check(nq, nk, wl_in, wr_in, bm, bn):
+    fails = 0
+    wl, wr = clamp(nq, nk, wl_in, wr_in)
+    for m in range(-(-nq // bm)):
+        rows = range(m * bm, min((m + 1) * bm, nq))
+        begin, end = key_range(m, bm, bn, nq, nk, wl, wr)
+        for i in rows:
+            for j in range(nk):
+                vis = visible(i, j, nq, nk, wl_in, wr_in)
+                if vis != visible(i, j, nq, nk, wl, wr):
+                    print(f"clamping changed visibility nq={nq} nk={nk} window=({wl_in},{wr_in}) i={i} j={j}")
+                    return 1
+                if vis and not begin <= j // bn < end:
+                    print(f"visible key outside the tiles: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} m={m} i={i} j={j} tiles=[{begin},{end})")
+                    return 1
+                if begin <= j // bn < end and mask_keeps(i, j, nq, nk, wl, wr) != vis:
+                    print(f"mask wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) i={i} j={j}")
+                    return 1
+        for n in range(begin, end):
+            if not needs_mask(n, m, bm, bn, nq, nk, wl, wr):
+                for i in rows:
+                    for j in range(n * bn, (n + 1) * bn):
+                        if not visible(i, j, nq, nk, wl_in, wr_in):
+                            print(f"unmasked tile hides an invisible key: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} m={m} n={n} i={i} j={j}")
+                            return 1
+    return fails
+
+
+def main():
+    rng = random.Random(11)
+    fails = cases = 0
+    shapes = [(128, 128), (192, 128), (128, 176), (128, 112), (128, 80)]
+    fixed = [(1, 1, -1, 0), (17, 17, 0, 0), (113, 203, -1, 0), (203, 113, -1, 0), (300, 300, 64, 16),
+             (300, 200, -1, 40), (256, 512, 64, -1), (700, 900, 100, 0), (513, 513, 100, 100), (130, 70, 5, 3)]
+    rand = [(rng.randrange(1, 420), rng.randrange(1, 420), rng.choice([-1, 0, 3, 50, 129, 500]),
+             rng.choice([-1, 0, 1, 7, 64, 300])) for _ in range(60)]
+    for nq, nk, wl, wr in fixed + rand:
+        if wl < 0 and wr < 0:
+            continue  # no window: the non-causal kernels
+        for bm, bn in shapes:
+            fails += check(nq, nk, wl, wr, bm, bn)
+            cases += 1
+    print(f"key tiles: {cases} cases, {'ok' if fails == 0 else f'{fails} FAILED'}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

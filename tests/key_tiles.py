@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Model check (no GPU) of the Hopper forward's key-tile ranges and masks for windows: mirrors
-src/cuda/sm90/mainloop.cuh (key_range, Consumer::run's needs_mask) and softmax.cuh
-(FragmentSoftmax::mask) and sm90.cu's clamping of the window, and checks them against the
+"""Model check (no GPU) of the Hopper kernels' tile ranges and masks for windows, against the
 visibility rule of include/flashattn (bottom-right aligned: row i sees key j < Nk with
-i + diag − wl <= j <= i + diag + wr, diag = Nk − Nq, a negative bound meaning none):
+i + diag − wl <= j <= i + diag + wr, diag = Nk − Nq, a negative bound meaning none). The causal
+kernels serve every window (causal = the window (−1, 0)); sm90.hpp clamps it (kernel_window_*).
+Forward (mainloop.cuh key_range, Consumer::run's needs_mask, softmax.cuh FragmentSoftmax::mask):
   - every key a row of the query block sees lies in the block's key tiles [begin, end);
-  - a key tile the kernel runs without the mask (needs_mask false) is visible to every row of
-    the block that exists (rows < Nq);
+  - a key tile run without the mask (needs_mask false) is visible to every row of the block that
+    exists (rows < Nq);
   - the mask keeps exactly the visible keys of every row;
-  - an unbounded right side clamped to Nq (sm90.cu) means the same keys as none.
-The causal kernels serve every window (causal = the window (−1, 0)); run for several tile shapes.
+  - an unbounded right side clamped to Nq means the same keys as none.
+Backward (kernel_bwd.cuh query_range, step_needs_mask, key_hidden; both backward kernels):
+  - every query that sees a key of the key tile lies in the tile's query tiles [m_begin, m_end);
+  - a step without the mask is visible for every existing (query, key) pair; key_hidden is exact.
+Run for the forward's and the backward's tile shapes.
 """
 import random
 
@@ -88,10 +91,59 @@ def check(nq, nk, wl_in, wr_in, bm, bn):
     return fails
 
 
+def query_range(n, bm, bn, nq, nk, wl, wr):
+    """kernel_bwd.cuh query_range: the query tiles [m_begin, m_end) of key tile n."""
+    m_blocks = -(-nq // bm)
+    diag = nk - nq
+    first_query = n * bn - diag - wr
+    m_begin = 0 if first_query <= 0 else first_query // bm
+    m_end = m_blocks
+    if wl >= 0:
+        last_query = (n + 1) * bn - 1 - diag + wl
+        m_end = 0 if last_query < 0 else min(m_end, last_query // bm + 1)
+    return m_begin, m_end
+
+
+def step_needs_mask(n, q0, bm, bn, nq, nk, wl, wr):
+    diag = nk - nq
+    return (n + 1) * bn > nk or (n + 1) * bn - 1 > q0 + diag + wr or \
+        (wl >= 0 and n * bn < q0 + bm - 1 + diag - wl)
+
+
+def key_hidden(key, query, nq, nk, wl, wr):
+    diag = nk - nq
+    return key >= nk or key > query + diag + wr or (wl >= 0 and key < query + diag - wl)
+
+
+def check_backward(nq, nk, wl_in, wr_in, bm, bn):
+    wl, wr = clamp(nq, nk, wl_in, wr_in)
+    for n in range(-(-nk // bn)):
+        m_begin, m_end = query_range(n, bm, bn, nq, nk, wl, wr)
+        keys = range(n * bn, min((n + 1) * bn, nk))
+        for j in keys:
+            for i in range(nq):
+                vis = visible(i, j, nq, nk, wl_in, wr_in)
+                if vis and not m_begin <= i // bm < m_end:
+                    print(f"bwd: visible query outside the tiles: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} n={n} i={i} j={j} [{m_begin},{m_end})")
+                    return 1
+                if m_begin <= i // bm < m_end and key_hidden(j, i, nq, nk, wl, wr) == vis:
+                    print(f"bwd: key_hidden wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) i={i} j={j}")
+                    return 1
+        for m in range(m_begin, m_end):
+            if not step_needs_mask(n, m * bm, bm, bn, nq, nk, wl, wr):
+                for i in range(m * bm, min((m + 1) * bm, nq)):
+                    for j in range(n * bn, (n + 1) * bn):
+                        if not visible(i, j, nq, nk, wl_in, wr_in):
+                            print(f"bwd: unmasked step hides an invisible key: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} n={n} m={m} i={i} j={j}")
+                            return 1
+    return 0
+
+
 def main():
     rng = random.Random(11)
     fails = cases = 0
-    shapes = [(128, 128), (192, 128), (128, 176), (128, 112), (128, 80)]
+    shapes = [(128, 128), (192, 128), (128, 176), (128, 112), (128, 80)]  # forward (query, key) tiles
+    bwd_shapes = [(128, 128), (64, 128), (64, 64)]  # backward steps: d64, d128, d256
     fixed = [(1, 1, -1, 0), (17, 17, 0, 0), (113, 203, -1, 0), (203, 113, -1, 0), (300, 300, 64, 16),
              (300, 200, -1, 40), (256, 512, 64, -1), (700, 900, 100, 0), (513, 513, 100, 100), (130, 70, 5, 3)]
     rand = [(rng.randrange(1, 420), rng.randrange(1, 420), rng.choice([-1, 0, 3, 50, 129, 500]),
@@ -101,6 +153,9 @@ def main():
             continue  # no window: the non-causal kernels
         for bm, bn in shapes:
             fails += check(nq, nk, wl, wr, bm, bn)
+            cases += 1
+        for bm, bn in bwd_shapes:
+            fails += check_backward(nq, nk, wl, wr, bm, bn)
             cases += 1
     print(f"key tiles: {cases} cases, {'ok' if fails == 0 else f'{fails} FAILED'}")
     return 1 if fails else 0

@@ -25,7 +25,7 @@
 //                                unordered across CTAs: not bitwise reproducible)
 // Sᵀ and dPᵀ are issued together; Pᵀ is computed while dPᵀ runs and dV is issued before dSᵀ is
 // computed, so the tensor cores stay busy through the elementwise work.
-// Masks: keys past seqlen_k and (causal) keys after a query's diagonal get P = 0 explicitly;
+// Masks: keys past seqlen_k and (the causal kernels) keys outside a query's window get P = 0;
 // query rows past seqlen_q read LSE = +inf (P = 0) from the padded statistics.
 #pragma once
 
@@ -81,13 +81,39 @@ struct Smem {
   }
 };
 
-// First query tile that sees any key of key tile n (bottom-right causal alignment: query i sees
-// key j iff j <= i + seqlen_k - seqlen_q).
+// The query tiles [m_begin, m_end) that see any key of key tile n. Bottom-right alignment: in the
+// causal kernels query i sees key j iff i + diag − window_left <= j <= i + diag + window_right,
+// diag = seqlen_k − seqlen_q (window_right >= 0, 0 = causal; window_left −1 = none; sm90.hpp).
+// tests/key_tiles.py checks the ranges and masks against that rule.
 template <class Tile, bool kCausal>
-__device__ __forceinline__ int first_m_block(int n_block, int seqlen_q, int seqlen_k) {
-  if (!kCausal) return 0;
-  const int first_query = n_block * Tile::kBlockN - (seqlen_k - seqlen_q);
-  return first_query <= 0 ? 0 : first_query / Tile::kBlockM;
+__device__ __forceinline__ void query_range(const BwdArgs& a, int n_block, int& m_begin, int& m_end) {
+  m_begin = 0;
+  m_end = a.m_blocks;
+  if (!kCausal) return;
+  const int diag = a.seqlen_k - a.seqlen_q;
+  const int first_query = n_block * Tile::kBlockN - diag - a.window_right;  // of the tile's first key
+  m_begin = first_query <= 0 ? 0 : first_query / Tile::kBlockM;
+  if (a.window_left >= 0) {
+    const int last_query = (n_block + 1) * Tile::kBlockN - 1 - diag + a.window_left;  // of its last key
+    m_end = last_query < 0 ? 0 : min(m_end, last_query / Tile::kBlockM + 1);
+  }
+}
+
+// Does step (key tile n, query tile from row q0) need the element mask: keys past seqlen_k, or a
+// key outside some row's window.
+template <class Tile, bool kCausal>
+__device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, int n_block, int q0) {
+  const int diag = a.seqlen_k - a.seqlen_q;
+  return (n_block + 1) * Tile::kBlockN > a.seqlen_k ||
+         (kCausal && ((n_block + 1) * Tile::kBlockN - 1 > q0 + diag + a.window_right ||
+                      (a.window_left >= 0 && n_block * Tile::kBlockN < q0 + Tile::kBlockM - 1 + diag - a.window_left)));
+}
+// Is key `key` invisible to query `query` (the element mask of a step that needs it).
+template <bool kCausal>
+__device__ __forceinline__ bool key_hidden(const BwdArgs& a, int key, int query) {
+  const int diag = a.seqlen_k - a.seqlen_q;
+  return key >= a.seqlen_k ||
+         (kCausal && (key > query + diag + a.window_right || (a.window_left >= 0 && key < query + diag - a.window_left)));
 }
 
 // Index of query tile m's first row (kBlockM rows) of (batch, head) in the per-row statistics
@@ -111,8 +137,9 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   c.n_block = idx % a.n_blocks;
   c.head_kv = (idx / a.n_blocks) % a.heads_kv;
   c.batch = idx / (a.n_blocks * a.heads_kv);
-  c.m_begin = first_m_block<Tile, kCausal>(c.n_block, a.seqlen_q, a.seqlen_k);
-  c.m_count = a.m_blocks > c.m_begin ? a.m_blocks - c.m_begin : 0;
+  int m_end;
+  query_range<Tile, kCausal>(a, c.n_block, c.m_begin, m_end);
+  c.m_count = m_end > c.m_begin ? m_end - c.m_begin : 0;
   c.steps = c.m_count * a.group;  // (head of the group, query tile) pairs, head-major
   return c;
 }
@@ -263,8 +290,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       ptx::wgmma_wait<1>();
       ptx::fence_operand(acc_s);
       const int q0 = m * kBlockM;
-      const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
-                             (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
+      const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
         const int col = 8 * j + 2 * (lane % 4);
@@ -276,7 +302,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           if (need_mask) {
             const int key = key_row0 + 8 * ((r >> 1) & 1);
             const int query = q0 + col + (r & 1);
-            if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+            if (key_hidden<kCausal>(a, key, query)) p = 0.f;
           }
           acc_s[r] = p;
         }

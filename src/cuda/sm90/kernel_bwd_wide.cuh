@@ -155,15 +155,14 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       };
       if (g == 0) {
         const int q0 = m * kBlockM;
-        const bool need_mask = (n_block + 1) * kBlockN > a.seqlen_k ||
-                               (kCausal && (n_block + 1) * kBlockN - 1 > q0 + a.seqlen_k - a.seqlen_q);
+        const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
           const float lse = (r & 1) ? stat[r >> 2].y : stat[r >> 2].x;
           float p = ptx::ex2(fmaf(acc[r], a.scale_log2, -lse));
           if (need_mask) {
             const int key = key_row0 + 8 * ((r >> 1) & 1), query = q0 + acc_col(t, r);
-            if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+            if (key_hidden<kCausal>(a, key, query)) p = 0.f;
           }
           acc[r] = p;
         }

@@ -67,6 +67,7 @@ struct BwdArgs {
   long long dk_batch_stride, dk_row_stride, dk_head_stride;
   long long dv_batch_stride, dv_row_stride, dv_head_stride;
   int seqlen_q, seqlen_k, heads, group;  // group = heads / heads_kv
+  int window_left, window_right;         // the causal kernels' window, as FwdArgs (sm90.hpp, kernel_window_*)
   int m_blocks, m_pad;                   // query tiles (BwdTile::kBlockM rows) per (batch, head); padded rows
   int n_blocks, heads_kv, batch;         // work tiles = n_blocks · heads_kv · batch (kernel_bwd.cuh)
   int grid;                              // CTAs: every tile (one each) or min(tiles, SMs) (persistent)

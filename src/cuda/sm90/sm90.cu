@@ -104,10 +104,6 @@ namespace {
 // The head dim of the kernel a call runs: head_dim 96 runs the d128 kernels (FwdArgs::x_chunks).
 int kernel_head_dim(const detail::Params& p) { return p.head_dim == 96 ? 128 : int(p.head_dim); }
 
-// The causal kernels serve every call with a window (Params folds causal in as window_right = 0):
-// their key range per query block and their mask take both bounds.
-bool causal_kernel(const detail::Params& p) { return p.window_right >= 0 || p.window_left >= 0; }
-
 // fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
 int fwd_block_m_for(const detail::Params& p) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
@@ -178,10 +174,8 @@ void forward(const detail::Params& p) {
   a.group = int(p.heads / p.heads_kv);
   // A left window that reaches past every key is no bound (−1), which keeps the kernel's bounds
   // within int: row i's bound i + diag − wl < 0 for every row once wl >= seqlen_k.
-  a.window_left = causal_kernel(p) && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
-  // Right bounds past every key (or none) come as seqlen_q: row + diag + seqlen_q >= seqlen_k.
-  const int64_t right_open = p.seqlen_q;
-  a.window_right = !causal_kernel(p) ? -1 : int(p.window_right < 0 ? right_open : std::min<int64_t>(p.window_right, right_open));
+  a.window_left = kernel_window_left(p);
+  a.window_right = kernel_window_right(p);
   // Folded once, here: p = 2^(s·scale_log2 − max); with a softcap s is cap·tanh(qk·scale/cap)
   // computed in the kernel as tanh(qk·softcap_scale), so scale_log2 = cap·log2(e).
   a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;

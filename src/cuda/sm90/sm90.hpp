@@ -5,16 +5,30 @@
 
 namespace flashattn::cuda::sm90 {
 
+// The causal kernels (forward and backward) serve every call with a window: Params folds causal in
+// as window_right = 0, and their key (query) ranges and masks take both bounds at run time.
+inline bool causal_kernel(const detail::Params& p) { return p.window_right >= 0 || p.window_left >= 0; }
+// Their window as the kernels take it: window_left −1 (none) or below seqlen_k; window_right >= 0,
+// an unbounded right side as seqlen_q (past every key: row + seqlen_k − seqlen_q + seqlen_q >= seqlen_k).
+inline int kernel_window_left(const detail::Params& p) {
+  return causal_kernel(p) && p.window_left >= 0 && p.window_left < p.seqlen_k ? int(p.window_left) : -1;
+}
+inline int kernel_window_right(const detail::Params& p) {
+  if (!causal_kernel(p)) return -1;
+  return int(p.window_right < 0 || p.window_right > p.seqlen_q ? p.seqlen_q : p.window_right);
+}
+
 // True when forward(p) handles this call: f16/bf16, head_dim 64/96/128/192/256 (96 on the d128
-// kernels), causal windows (left, 0), softcap (not at d64 without causal), no varlen, 16-byte
-// aligned rows and strides, positive scale, an sm_90 device.
+// kernels), any window (on the causal kernels), softcap except at d64 without a window, no varlen,
+// 16-byte aligned rows and strides, positive scale, an sm_90 device.
 bool supports(const detail::Params& p);
 
 // Runs the forward pass on p.stream; throws flashattn::Error carrying CUDA's message on failure.
 void forward(const detail::Params& p);
 
-// True when backward(p) handles this call: as supports(), head_dim 64 or 128, any nonzero scale,
-// and not Options::deterministic (dQ is summed with unordered fp32 atomics).
+// True when backward(p) handles this call: head_dim 64, 128 or 256, any window (on the causal
+// kernels), no softcap, any nonzero scale, and not Options::deterministic (dQ is summed with
+// unordered fp32 atomics).
 bool supports_backward(const detail::Params& p);
 
 // dQ, dK, dV on p.stream: a preprocessing kernel (D, LSE·log2e), the fused kernel, a dQ cast.

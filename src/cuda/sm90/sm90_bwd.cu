@@ -22,7 +22,7 @@ namespace {
 
 template <int kHeadDim, bool kF16>
 cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) {
-  return p.causal ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
+  return causal_kernel(p) ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
 }
 
 // BwdFlags: the measured defaults (docs/perf-log.md), or FLASHATTN_SM90_BWD_FLAGS. The persistent
@@ -41,8 +41,9 @@ bool supports_backward(const detail::Params& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.varlen() || p.softcap != 0.f || p.window_left >= 0) return false;
-  if (p.causal ? p.window_right != 0 : p.window_right >= 0) return false;
+  if (p.varlen() || p.softcap != 0.f) return false;
+  // the causal kernels' query bound (n_block + 1)·kBlockN + window_left must fit an int
+  if (causal_kernel(p) && p.seqlen_q + p.seqlen_k + 256 >= (int64_t(1) << 31)) return false;
   if (p.scale == 0.f || !std::isfinite(p.scale)) return false;
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0 || p.batch > 65535 || p.heads > 65535) return false;  // grid y, z
@@ -102,7 +103,9 @@ void backward(const detail::Params& p) {
   a.m_blocks = m_blocks, a.m_pad = m_pad;
   a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
   a.scale = p.scale;
-  a.flags = bwd_flags(d, p.causal);
+  a.window_left = kernel_window_left(p);
+  a.window_right = kernel_window_right(p);
+  a.flags = bwd_flags(d, causal_kernel(p));
   a.n_blocks = n_blocks, a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
   const long long tiles = static_cast<long long>(n_blocks) * p.heads_kv * p.batch;
   if (tiles >= (1LL << 31)) throw Error("flashattn sm90 backward: too many key tiles for one grid");

@@ -131,7 +131,7 @@ def main():
                     # None: the default; else the mode forced
                     mode = sched_mode(causal, m_blocks, hb, sms) if mode is None else mode
                     g = grid_size(mode, m_blocks, hb, sms)
-                    seen, load = {}, []
+                    seen, load, virtual = {}, [], False
                     for c in range(g):
                         if mode != PAIRED_TAIL and cta_tiles(mode, causal, m_blocks, hb, g, c) != \
                                 cta_tiles_by_round(mode, causal, m_blocks, hb, g, c):
@@ -143,10 +143,17 @@ def main():
                                 if not (mode == PAIRED and m == m_blocks and hb % 2):
                                     print(f"bad virtual tile m={m} mode={mode} M={m_blocks}")
                                     fails += 1
+                                virtual = True
                                 continue
                             seen[(m, h)] = seen.get((m, h), 0) + 1
                             blocks += m + 1 if causal else m_blocks  # key blocks, square tiles
                         load.append(blocks)
+                    # set_schedule's FwdArgs::every_tile_has_keys (its virtual-tile half): the
+                    # kernel trusts it to take the chain's last tile as its last with keys
+                    p = set_schedule(mode, causal, m_blocks, hb, g)
+                    if virtual != (causal and mode in (PAIRED, PAIRED_TAIL) and 2 * p["hp0"] > hb):
+                        print(f"virtual tiles {virtual} but set_schedule says otherwise: mode={mode} M={m_blocks} hb={hb}")
+                        fails += 1
                     want = {(m, h) for m in range(m_blocks) for h in range(hb)}
                     if set(seen) != want or any(v != 1 for v in seen.values()):
                         print(f"coverage FAILED causal={causal} M={m_blocks} hb={hb} mode={mode} g={g}")

@@ -22,15 +22,16 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   const float inv[2] = {c.softmax.state[0].inv_sum(), c.softmax.state[1].inv_sum()};  // 0 for empty rows
 
   uint8_t* s_rows = sm.o + wg * 64 * 128;  // this warpgroup's rows in every chunk
+  // Shared-space (32-bit) addresses: a generic pointer made every store a 64-bit address sum.
+  const uint32_t s_base = ptx::smem_addr(s_rows);
 #pragma unroll
   for (int r = 0; r < kORegs; r += 2) {
     const int h = (r >> 1) & 1;
     const int row = 16 * (t / 32) + lane / 4 + 8 * h;  // 0..63 within the warpgroup
     const int col = 8 * (r >> 2) + 2 * (lane % 4);
     const int chunk = col / 64, slot = ((col % 64) / 8) ^ (row % 8);
-    uint32_t* dst = reinterpret_cast<uint32_t*>(s_rows + chunk * Tile::kBlockM * 128 + row * 128 + slot * 16 +
-                                                (col % 8) * 2);
-    *dst = pack2<kF16>(c.acc_o[r] * inv[h], c.acc_o[r + 1] * inv[h]);
+    ptx::st_shared_b32(s_base + chunk * Tile::kBlockM * 128 + row * 128 + slot * 16 + (col % 8) * 2,
+                       pack2<kF16>(c.acc_o[r] * inv[h], c.acc_o[r + 1] * inv[h]));
   }
   ptx::fence_proxy_async();             // generic smem writes -> TMA (async proxy) reads
   ptx::named_bar_sync(1 + wg, 128);     // this warpgroup only

@@ -43,9 +43,11 @@ struct FwdArgs {
   // tail_off = tail_u0 mod G.
   int tail_u0, tail_hp0, tail_off;
   int sched_total;  // tile slots the schedule walks (set_schedule): idx < sched_total is a tile
+  int every_tile_has_keys;  // set_schedule: no virtual tile, no fully masked query block, so a
+                            // CTA's last tile with keys is the last of its chain
   // Causal kernels only: the window, keys row + diag − window_left … row + diag + window_right,
   // diag = seqlen_k − seqlen_q; window_left −1 = unbounded (clamped below seqlen_k on the host),
-  // window_right >= 0 (0 = causal; an unbounded right side comes as seqlen_q + seqlen_k).
+  // window_right >= 0 (0 = causal; an unbounded right side comes as seqlen_q: sm90.hpp).
   int window_left, window_right;
   float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   int x_chunks;  // 1 for head_dim 96 (on the d128 kernels): the maps hold the row's 96 elements as

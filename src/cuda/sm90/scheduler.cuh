@@ -137,10 +137,16 @@ inline void tail_split(FwdArgs& a, long long heads_batch, int g) {
 // FwdArgs::sched (the mode) and its derived fields: sched_total (tile slots), the paired boundary.
 inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int grid) {
   a.sched_total = int(a.m_blocks * heads_batch);
+  bool virtual_tiles = false;
   if (causal && paired_mode(a.sched)) {
     tail_split(a, heads_batch, grid);
     a.sched_total = 2 * a.tail_u0 + a.m_blocks * int(heads_batch > 2LL * a.tail_hp0 ? heads_batch - 2LL * a.tail_hp0 : 0);
+    virtual_tiles = 2LL * a.tail_hp0 > heads_batch;  // the pairs include the last, half-virtual head pair
   }
+  // A causal query block sees no key when its last row is above the diagonal's first key: the
+  // first block's, (0 + 1)·block_m + seqlen_k − seqlen_q <= 0 (mainloop.cuh, key_range).
+  const bool empty_blocks = causal && a.block_m + a.seqlen_k - a.seqlen_q <= 0;
+  a.every_tile_has_keys = !virtual_tiles && !empty_blocks;
 }
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {

@@ -120,8 +120,31 @@ def cta_tiles_by_round(mode, causal, m_blocks, hb, g, c):
         k += 1
 
 
-def main():
+def fast_div(n, d):
+    """FastDiv (launch.hpp): n // d by a multiply-high, an add and a shift, for 0 <= n < 2**31."""
+    shift = 0
+    while (1 << shift) < d:
+        shift += 1
+    mul = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    mul &= 0xFFFFFFFF
+    return (((n * mul) >> 32) + n) >> shift  # umulhi + n < 2**32 for n < 2**31
+
+
+def check_fast_div():
+    import random
+    rng = random.Random(7)
+    divisors = list(range(1, 2050)) + [rng.randrange(1, 2**31) for _ in range(3000)] + [2**31 - 1, 2**30, 2**30 + 1]
     fails = 0
+    for d in divisors:
+        for n in {0, 1, d - 1, d, d + 1, 2 * d - 1, 2**31 - 1, 2**31 - 2, rng.randrange(0, 2**31)}:
+            if 0 <= n < 2**31 and fast_div(n, d) != n // d:
+                print(f"fast_div({n}, {d}) = {fast_div(n, d)}, not {n // d}")
+                fails += 1
+    return fails
+
+
+def main():
+    fails = check_fast_div()
     sms = 132
     tail_ratio = []
     for causal in (False, True):

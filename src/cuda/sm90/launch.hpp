@@ -25,6 +25,25 @@ cudaError_t ensure_dynamic_smem(Kernel kernel, int bytes, std::atomic<uint64_t>&
   return e;
 }
 
+// n / d and n % d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high, an add and a shift
+// (Granlund & Montgomery, "Division by invariant integers using multiplication", PLDI 1994):
+// with s = ceil(log2 d) and mul = floor(2^32·(2^s − d) / d) + 1, n / d = (umulhi(n, mul) + n) >> s.
+// Set on the host; tests/tile_schedule.py checks the formula. A signed `/` by a run-time divisor
+// is ~15 instructions (IABS, I2F, MUFU.RCP, F2I and fix-ups).
+struct FastDiv {
+  int d = 1, shift = 0;
+  uint32_t mul = 1;
+  FastDiv() = default;
+  explicit FastDiv(int divisor) : d(divisor < 1 ? 1 : divisor) {
+    while ((int64_t(1) << shift) < d) ++shift;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - uint64_t(d))) / uint64_t(d) + 1);
+  }
+#ifdef __CUDACC__
+  __device__ __forceinline__ int div(int n) const { return int((__umulhi(uint32_t(n), mul) + uint32_t(n)) >> shift); }
+  __device__ __forceinline__ int mod(int n) const { return n - div(n) * d; }
+#endif
+};
+
 struct FwdArgs {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;  // 5-D maps (64, rows, D/64, heads, batch), see sm90.cu
   float* lse;                          // may be null
@@ -43,6 +62,9 @@ struct FwdArgs {
   // tail_off = tail_u0 mod G.
   int tail_u0, tail_hp0, tail_off;
   int sched_total;  // tile slots the schedule walks (set_schedule): idx < sched_total is a tile
+  // The schedule's divisors (set_schedule): m_blocks, heads, heads·batch, the grid, m_blocks / 2
+  // and the phase-2 heads (heads·batch − 2·tail_hp0), the last two at least 1.
+  FastDiv div_m, div_heads, div_hb, div_grid, div_half, div_nh2;
   int every_tile_has_keys;  // set_schedule: no virtual tile, no fully masked query block, so a
                             // CTA's last tile with keys is the last of its chain
   // Causal kernels only: the window, keys row + diag − window_left … row + diag + window_right,

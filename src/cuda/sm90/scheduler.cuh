@@ -67,10 +67,10 @@ struct TileScheduler {
         const int n = idx + ((idx & 1) ? 2 * g - 1 : 1);
         return n < 2 * a.tail_u0 ? n : phase2_first(a, g, c);
       }
-      const int i = idx - 2 * a.tail_u0, r = (i + a.tail_off) / g;  // phase-2 round
+      const int i = idx - 2 * a.tail_u0, r = a.div_grid.div(i + a.tail_off);  // phase-2 round
       return idx + ((r & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
     }
-    if (kCausal && a.sched == kSnake) return idx + (((idx / g) & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
+    if (kCausal && a.sched == kSnake) return idx + ((a.div_grid.div(idx) & 1) ? 2 * c + 1 : 2 * g - 1 - 2 * c);
     return idx + g;
   }
   // Phase 2 continues the round-robin at position tail_off: CTAs c >= off start in round 0 at
@@ -81,30 +81,35 @@ struct TileScheduler {
   }
   __device__ static bool valid(const FwdArgs& a, int idx) { return idx < a.sched_total; }
   __device__ static TileCoord coord(const FwdArgs& a, int idx) {
-    const int m_blocks = a.m_blocks, heads = a.heads, hb_total = a.heads * a.batch;
+    const int m_blocks = a.m_blocks, hb_total = a.heads * a.batch;
+    int m, hb;
     if (paired(a) && idx >= 2 * a.tail_u0) {  // phase 2: heaviest first, then head
-      const int hp0 = a.tail_hp0, nh2 = hb_total - 2 * hp0, i = idx - 2 * a.tail_u0, hb = 2 * hp0 + i % nh2;
-      return {m_blocks - 1 - i / nh2, hb % heads, hb / heads};
-    }
-    if (paired(a)) {
-      const int u = (idx >> 1) % m_blocks, s = idx & 1, half = m_blocks / 2;
-      int hb = 2 * ((idx >> 1) / m_blocks), m;
+      const int i = idx - 2 * a.tail_u0, q = a.div_nh2.div(i);
+      hb = 2 * a.tail_hp0 + (i - q * a.div_nh2.d);
+      m = m_blocks - 1 - q;
+    } else if (paired(a)) {
+      const int pu = a.div_m.div(idx >> 1), u = (idx >> 1) - pu * m_blocks, s = idx & 1, half = m_blocks / 2;
+      hb = 2 * pu;
       if (u < 2 * half) {  // (M−1−p, p) of one head of the pair
-        hb += u / half;
-        m = s ? u % half : m_blocks - 1 - u % half;
+        const int h = a.div_half.div(u), p = u - h * half;
+        hb += h;
+        m = s ? p : m_blocks - 1 - p;
       } else {             // M odd: the middle blocks of both heads
         hb += s;
         m = half;
       }
       if (hb >= hb_total) return {m_blocks, 0, 0};  // virtual: past the last head
-      return {m, hb % heads, hb / heads};
+    } else if (kCausal && a.sched == kSnake) {  // heaviest query block of every head first
+      const int m_rev = a.div_hb.div(idx);
+      hb = idx - m_rev * hb_total;
+      m = m_blocks - 1 - m_rev;
+    } else {
+      hb = a.div_m.div(idx);
+      m = idx - hb * m_blocks;
+      if (kCausal) m = m_blocks - 1 - m;
     }
-    if (kCausal && a.sched == kSnake) {  // heaviest query block of every head first
-      const int m_rev = idx / hb_total, hb = idx % hb_total;
-      return {m_blocks - 1 - m_rev, hb % heads, hb / heads};
-    }
-    const int m = idx % m_blocks, hb = idx / m_blocks;
-    return {kCausal ? m_blocks - 1 - m : m, hb % heads, hb / heads};
+    const int batch = a.div_heads.div(hb);
+    return {m, hb - batch * a.heads, batch};
   }
 };
 
@@ -147,6 +152,13 @@ inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int gri
   // first block's, (0 + 1)·block_m + seqlen_k − seqlen_q <= 0 (mainloop.cuh, key_range).
   const bool empty_blocks = causal && a.block_m + a.seqlen_k - a.seqlen_q <= 0;
   a.every_tile_has_keys = !virtual_tiles && !empty_blocks;
+  a.div_m = FastDiv(a.m_blocks);
+  a.div_heads = FastDiv(a.heads);
+  a.div_hb = FastDiv(int(heads_batch));
+  a.div_grid = FastDiv(grid);
+  a.div_half = FastDiv(a.m_blocks / 2);
+  a.div_nh2 = FastDiv(virtual_tiles || !(causal && (a.sched == kPaired || a.sched == kPairedTail))
+                          ? 1 : int(heads_batch - 2LL * a.tail_hp0));
 }
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {

@@ -8,7 +8,8 @@ Forward (mainloop.cuh key_range, Consumer::run's needs_mask, softmax.cuh Fragmen
   - a key tile run without the mask (needs_mask false) is visible to every row of the block that
     exists (rows < Nq);
   - the mask keeps exactly the visible keys of every row;
-  - an unbounded right side clamped to Nq means the same keys as none.
+  - an unbounded right side clamped to Nq means the same keys as none;
+  - a block has no key tile exactly when (m + 1)·bm + diag + wr <= 0 (set_schedule's rule).
 Backward (kernel_bwd.cuh query_range, step_needs_mask, key_hidden; both backward kernels):
   - every query that sees a key of the key tile lies in the tile's query tiles [m_begin, m_end);
   - a step without the mask is visible for every existing (query, key) pair; key_hidden is exact.
@@ -69,6 +70,11 @@ def check(nq, nk, wl_in, wr_in, bm, bn):
     for m in range(-(-nq // bm)):
         rows = range(m * bm, min((m + 1) * bm, nq))
         begin, end = key_range(m, bm, bn, nq, nk, wl, wr)
+        # scheduler.cuh set_schedule (every_tile_has_keys): a block is empty exactly when its last
+        # row's right bound is below the first key, whatever the left window
+        if (end <= begin) != ((m + 1) * bm + (nk - nq) + wr <= 0):
+            print(f"empty-block rule wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} m={m} [{begin},{end})")
+            return 1
         for i in rows:
             for j in range(nk):
                 vis = visible(i, j, nq, nk, wl_in, wr_in)

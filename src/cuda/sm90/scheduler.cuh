@@ -148,9 +148,10 @@ inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int gri
     a.sched_total = 2 * a.tail_u0 + a.m_blocks * int(heads_batch > 2LL * a.tail_hp0 ? heads_batch - 2LL * a.tail_hp0 : 0);
     virtual_tiles = 2LL * a.tail_hp0 > heads_batch;  // the pairs include the last, half-virtual head pair
   }
-  // A causal query block sees no key when its last row is above the diagonal's first key: the
-  // first block's, (0 + 1)·block_m + seqlen_k − seqlen_q <= 0 (mainloop.cuh, key_range).
-  const bool empty_blocks = causal && a.block_m + a.seqlen_k - a.seqlen_q <= 0;
+  // A query block of the causal kernels sees no key when its last row's right bound is below the
+  // first key: the first block's, (0 + 1)·block_m + seqlen_k − seqlen_q + window_right <= 0
+  // (mainloop.cuh, key_range; a left window never empties a block: tests/key_tiles.py).
+  const bool empty_blocks = causal && a.block_m + a.seqlen_k - a.seqlen_q + a.window_right <= 0;
   a.every_tile_has_keys = !virtual_tiles && !empty_blocks;
   a.div_m = FastDiv(a.m_blocks);
   a.div_heads = FastDiv(a.heads);

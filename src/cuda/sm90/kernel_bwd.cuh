@@ -108,12 +108,34 @@ __device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, int n_block, i
          (kCausal && ((n_block + 1) * Tile::kBlockN - 1 > q0 + diag + a.window_right ||
                       (a.window_left >= 0 && n_block * Tile::kBlockN < q0 + Tile::kBlockM - 1 + diag - a.window_left)));
 }
-// Is key `key` invisible to query `query` (the element mask of a step that needs it).
-template <bool kCausal>
-__device__ __forceinline__ bool key_hidden(const BwdArgs& a, int key, int query) {
+// Zeroes the P of every key its query cannot see, in a step that needs it (step_needs_mask).
+// Register r of a thread holds key row key_row0 + 8((r >> 1) & 1) and query column first_query +
+// 8(r >> 2) + (r & 1), first_query = q0 + 2(lane % 4) (fragment.cuh acc_col). The bounds fold
+// once per key-row half into the visible columns [lo, hi] relative to first_query, so without a
+// left window an element costs one compare against a constant and a select (as the forward's
+// FragmentSoftmax::mask). Keys past seqlen_k: lo past every column. Non-causal: lo = 0.
+template <bool kCausal, int kRegs>
+__device__ __forceinline__ void mask_hidden_keys(const BwdArgs& a, float (&p)[kRegs], int key_row0, int first_query) {
   const int diag = a.seqlen_k - a.seqlen_q;
-  return key >= a.seqlen_k ||
-         (kCausal && (key > query + diag + a.window_right || (a.window_left >= 0 && key < query + diag - a.window_left)));
+  const bool left = kCausal && a.window_left >= 0;
+  int lo[2], hi[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_row0 + 8 * h;  // query i sees it iff key − diag − wr <= i (<= key − diag + wl)
+    lo[h] = key >= a.seqlen_k ? 2 * kRegs : kCausal ? key - diag - a.window_right - first_query : 0;
+    hi[h] = left ? key - diag + a.window_left - first_query : 0;
+  }
+  if (!left) {
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r)
+      if (8 * (r >> 2) + (r & 1) < lo[(r >> 1) & 1]) p[r] = 0.f;
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) {
+      const int c = 8 * (r >> 2) + (r & 1), h = (r >> 1) & 1;
+      if (c < lo[h] || c > hi[h]) p[r] = 0.f;
+    }
+  }
 }
 
 // Index of query tile m's first row (kBlockM rows) of (batch, head) in the per-row statistics
@@ -293,20 +315,14 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
-        const int col = 8 * j + 2 * (lane % 4);
         const float2 l2 = lse2[j];
 #pragma unroll
         for (int r = 4 * j; r < 4 * j + 4; ++r) {
           const float row_lse = (r & 1) ? l2.y : l2.x;
-          float p = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
-          if (need_mask) {
-            const int key = key_row0 + 8 * ((r >> 1) & 1);
-            const int query = q0 + col + (r & 1);
-            if (key_hidden<kCausal>(a, key, query)) p = 0.f;
-          }
-          acc_s[r] = p;
+          acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
         }
       }
+      if (need_mask) mask_hidden_keys<kCausal>(a, acc_s, key_row0, q0 + 2 * (lane % 4));
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)

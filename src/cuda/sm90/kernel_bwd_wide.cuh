@@ -159,13 +159,9 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
           const float lse = (r & 1) ? stat[r >> 2].y : stat[r >> 2].x;
-          float p = ptx::ex2(fmaf(acc[r], a.scale_log2, -lse));
-          if (need_mask) {
-            const int key = key_row0 + 8 * ((r >> 1) & 1), query = q0 + acc_col(t, r);
-            if (key_hidden<kCausal>(a, key, query)) p = 0.f;
-          }
-          acc[r] = p;
+          acc[r] = ptx::ex2(fmaf(acc[r], a.scale_log2, -lse));
         }
+        if (need_mask) mask_hidden_keys<kCausal>(a, acc, key_row0, q0 + 2 * (t % 4));
         acc_to_a<kF16>(acc, p_a);
 #pragma unroll
         for (int s = 0; s < kSteps; ++s)

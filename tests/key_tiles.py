@@ -10,7 +10,7 @@ Forward (mainloop.cuh key_range, Consumer::run's needs_mask, softmax.cuh Fragmen
   - the mask keeps exactly the visible keys of every row;
   - an unbounded right side clamped to Nq means the same keys as none;
   - a block has no key tile exactly when (m + 1)·bm + diag + wr <= 0 (set_schedule's rule).
-Backward (kernel_bwd.cuh query_range, step_needs_mask, mask_hidden_keys; both backward kernels):
+Backward (kernel_bwd.cuh query_range, step_needs_mask, StepMask; both backward kernels):
   - every query that sees a key of the key tile lies in the tile's query tiles [m_begin, m_end);
   - a step without the mask is visible for every existing (query, key) pair; the mask is exact.
 Run for the forward's and the backward's tile shapes.
@@ -117,16 +117,15 @@ def step_needs_mask(n, q0, bm, bn, nq, nk, wl, wr):
 
 
 def mask_keeps_bwd(key, query, q0, bm, nq, nk, wl, wr):
-    """kernel_bwd.cuh mask_hidden_keys for one element of query tile q0: the thread's first column
+    """kernel_bwd.cuh StepMask for one element of query tile q0: the thread's first column
     first_query = q0 + 2(lane % 4), per key the visible columns [lo, hi] relative to it."""
     diag = nk - nq
+    past = 1 << 30
     first_query = q0 + 2 * (((query - q0) // 2) % 4)
     c = query - first_query  # 8(r >> 2) + (r & 1)
     assert 0 <= c < bm and c % 8 in (0, 1)
-    lo = bm if key >= nk else key - diag - wr - first_query  # 2·kRegs = bm: past every column
-    if wl < 0:
-        return not c < lo
-    hi = key - diag + wl - first_query
+    lo = past if key >= nk else key - diag - wr - first_query
+    hi = key - diag + wl - first_query if wl >= 0 else past
     return not (c < lo or c > hi)
 
 
@@ -142,7 +141,7 @@ def check_backward(nq, nk, wl_in, wr_in, bm, bn):
                     print(f"bwd: visible query outside the tiles: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} n={n} i={i} j={j} [{m_begin},{m_end})")
                     return 1
                 if m_begin <= i // bm < m_end and mask_keeps_bwd(j, i, i // bm * bm, bm, nq, nk, wl, wr) != vis:
-                    print(f"bwd: mask_hidden_keys wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) i={i} j={j}")
+                    print(f"bwd: StepMask wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) i={i} j={j}")
                     return 1
         for m in range(m_begin, m_end):
             if not step_needs_mask(n, m * bm, bm, bn, nq, nk, wl, wr):

@@ -108,34 +108,39 @@ __device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, int n_block, i
          (kCausal && ((n_block + 1) * Tile::kBlockN - 1 > q0 + diag + a.window_right ||
                       (a.window_left >= 0 && n_block * Tile::kBlockN < q0 + Tile::kBlockM - 1 + diag - a.window_left)));
 }
-// Zeroes the P of every key its query cannot see, in a step that needs it (step_needs_mask).
-// Register r of a thread holds key row key_row0 + 8((r >> 1) & 1) and query column first_query +
-// 8(r >> 2) + (r & 1), first_query = q0 + 2(lane % 4) (fragment.cuh acc_col). The bounds fold
-// once per key-row half into the visible columns [lo, hi] relative to first_query, so without a
-// left window an element costs one compare against a constant and a select (as the forward's
-// FragmentSoftmax::mask). Keys past seqlen_k: lo past every column. Non-causal: lo = 0.
-template <bool kCausal, int kRegs>
-__device__ __forceinline__ void mask_hidden_keys(const BwdArgs& a, float (&p)[kRegs], int key_row0, int first_query) {
-  const int diag = a.seqlen_k - a.seqlen_q;
-  const bool left = kCausal && a.window_left >= 0;
+// The element mask of one step (used where step_needs_mask): register r of a thread holds key row
+// key_row0 + 8((r >> 1) & 1) and query column first_query + 8(r >> 2) + (r & 1), first_query =
+// q0 + 2(lane % 4) (fragment.cuh acc_col). The bounds fold once per step into the visible columns
+// [lo, hi] of each key-row half, relative to first_query, so an element costs two compares against
+// constants and a select. The d256 kernel (kernel_bwd_wide.cuh) masks inside the exponential's
+// loop: as a pass after it (apply), its backward took 5-6 % longer on the H200 (session 8, run 4).
+// This kernel masks with apply: inside the loop its d64 instance spilled. Keys past seqlen_k: lo
+// past every column; no left window: hi past every column; non-causal: lo = 0.
+struct StepMask {
   int lo[2], hi[2];
+  __device__ __forceinline__ bool hides(int r) const {
+    const int c = 8 * (r >> 2) + (r & 1), h = (r >> 1) & 1;
+    return (c < lo[h]) | (c > hi[h]);
+  }
+  template <int kRegs>
+  __device__ __forceinline__ void apply(float (&p)[kRegs]) const {
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r)
+      if (hides(r)) p[r] = 0.f;
+  }
+};
+template <bool kCausal>
+__device__ __forceinline__ StepMask step_mask(const BwdArgs& a, int key_row0, int first_query) {
+  const int diag = a.seqlen_k - a.seqlen_q;
+  constexpr int kPast = 1 << 30;
+  StepMask m;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_row0 + 8 * h;  // query i sees it iff key − diag − wr <= i (<= key − diag + wl)
-    lo[h] = key >= a.seqlen_k ? 2 * kRegs : kCausal ? key - diag - a.window_right - first_query : 0;
-    hi[h] = left ? key - diag + a.window_left - first_query : 0;
+    m.lo[h] = key >= a.seqlen_k ? kPast : kCausal ? key - diag - a.window_right - first_query : 0;
+    m.hi[h] = kCausal && a.window_left >= 0 ? key - diag + a.window_left - first_query : kPast;
   }
-  if (!left) {
-#pragma unroll
-    for (int r = 0; r < kRegs; ++r)
-      if (8 * (r >> 2) + (r & 1) < lo[(r >> 1) & 1]) p[r] = 0.f;
-  } else {
-#pragma unroll
-    for (int r = 0; r < kRegs; ++r) {
-      const int c = 8 * (r >> 2) + (r & 1), h = (r >> 1) & 1;
-      if (c < lo[h] || c > hi[h]) p[r] = 0.f;
-    }
-  }
+  return m;
 }
 
 // Index of query tile m's first row (kBlockM rows) of (batch, head) in the per-row statistics
@@ -322,7 +327,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
         }
       }
-      if (need_mask) mask_hidden_keys<kCausal>(a, acc_s, key_row0, q0 + 2 * (lane % 4));
+      if (need_mask) step_mask<kCausal>(a, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)

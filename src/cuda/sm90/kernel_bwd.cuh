@@ -112,10 +112,10 @@ __device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, int n_block, i
 // key_row0 + 8((r >> 1) & 1) and query column first_query + 8(r >> 2) + (r & 1), first_query =
 // q0 + 2(lane % 4) (fragment.cuh acc_col). The bounds fold once per step into the visible columns
 // [lo, hi] of each key-row half, relative to first_query, so an element costs two compares against
-// constants and a select. The d256 kernel (kernel_bwd_wide.cuh) masks inside the exponential's
-// loop: as a pass after it (apply), its backward took 5-6 % longer on the H200 (session 8, run 4).
-// This kernel masks with apply: inside the loop its d64 instance spilled. Keys past seqlen_k: lo
-// past every column; no left window: hi past every column; non-causal: lo = 0.
+// constants and a select, in a pass after the exponentials (inside their loop the d64 instance
+// spilled). Keys past seqlen_k: lo past every column; no left window: hi past every column;
+// non-causal: lo = 0. The d256 kernel (kernel_bwd_wide.cuh) takes causal only: with this mask,
+// as a pass or inside its loop, its backward took 6-9 % longer on the H200 (session 8, runs 4-5).
 struct StepMask {
   int lo[2], hi[2];
   __device__ __forceinline__ bool hides(int r) const {

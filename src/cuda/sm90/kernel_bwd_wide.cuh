@@ -156,12 +156,15 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       if (g == 0) {
         const int q0 = m * kBlockM;
         const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
-        const StepMask mask = step_mask<kCausal>(a, key_row0, q0 + 2 * (t % 4));
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
           const float lse = (r & 1) ? stat[r >> 2].y : stat[r >> 2].x;
-          const float p = ptx::ex2(fmaf(acc[r], a.scale_log2, -lse));
-          acc[r] = need_mask && mask.hides(r) ? 0.f : p;
+          float p = ptx::ex2(fmaf(acc[r], a.scale_log2, -lse));
+          if (need_mask) {  // causal only (supports_backward: no other window at d256)
+            const int key = key_row0 + 8 * ((r >> 1) & 1), query = q0 + acc_col(t, r);
+            if (key >= a.seqlen_k || (kCausal && key > query + a.seqlen_k - a.seqlen_q)) p = 0.f;
+          }
+          acc[r] = p;
         }
         acc_to_a<kF16>(acc, p_a);
 #pragma unroll

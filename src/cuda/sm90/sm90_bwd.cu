@@ -42,6 +42,8 @@ bool supports_backward(const detail::Params& p) {
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.varlen() || p.softcap != 0.f) return false;
+  // d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
+  if (p.head_dim == 256 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;
   // the causal kernels' query bound (n_block + 1)·kBlockN + window_left must fit an int
   if (causal_kernel(p) && p.seqlen_q + p.seqlen_k + 256 >= (int64_t(1) << 31)) return false;
   if (p.scale == 0.f || !std::isfinite(p.scale)) return false;

@@ -50,9 +50,12 @@ def main():
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--impl", choices=["ours", "cudnn", "fa2"], default="ours")
     ap.add_argument("--bwd", action="store_true", help="peers: also the backward")
+    ap.add_argument("--batch", type=int, default=0, help="instead of the grid's 16384 // N")
+    ap.add_argument("--heads", type=int, default=0, help="instead of the grid's 2048 // d")
+    ap.add_argument("--f16", action="store_true", help="float16 instead of bfloat16")
     a = ap.parse_args()
-    b, h = max(1, 16384 // a.N), 2048 // a.d
-    q = torch.randn(b, a.N, h, a.d, device="cuda", dtype=torch.bfloat16)
+    b, h = a.batch or max(1, 16384 // a.N), a.heads or 2048 // a.d
+    q = torch.randn(b, a.N, h, a.d, device="cuda", dtype=torch.float16 if a.f16 else torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
     for i in range(a.calls):
         last = i == a.calls - 1
@@ -66,7 +69,7 @@ def main():
         torch.cuda.synchronize()
         if last:
             torch.cuda.nvtx.range_pop()
-    print(f"ok: d{a.d} N={a.N} b{b} h{h} causal={a.causal}")
+    print(f"ok: d{a.d} N={a.N} b{b} h{h} causal={a.causal} {q.dtype}")
 
 
 if __name__ == "__main__":

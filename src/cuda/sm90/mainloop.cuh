@@ -229,16 +229,16 @@ struct Consumer {
     const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
     const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // the first row's diagonal key
     // Windows: the causal kernels take every window (causal is window_right 0; an unbounded right
-    // side comes clamped to seqlen_q); the non-causal ones none (with the window checks
-    // in its main loop the d256 non-causal consumer spilled). wl/wr < 0: no bound.
-    auto wl = [&] { return kCausal ? a.window_left : -1; };
-    auto wr = [&] { return kCausal ? a.window_right : -1; };
+    // side comes clamped to seqlen_q); the non-causal ones none (with the window checks in its
+    // main loop the d256 non-causal consumer spilled). FragmentSoftmax::mask ignores them there.
+    const int wl = a.window_left, wr = a.window_right;
     const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {
       const int key_end = (n + 1) * kBlockN;
-      return key_end > a.seqlen_k || (wr() >= 0 && key_end - 1 > diag_row_min + wr()) ||
-             (wl() >= 0 && n * kBlockN < diag_row_min + Tile::kBlockM - 1 - wl());
+      return key_end > a.seqlen_k ||
+             (kCausal && (key_end - 1 > diag_row_min + wr ||
+                          (wl >= 0 && n * kBlockN < diag_row_min + Tile::kBlockM - 1 - wl)));
     };
 
     float acc_s[kSRegs];
@@ -260,7 +260,7 @@ struct Consumer {
     {
       const int n = keys.end - 1;
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl, wr);
       softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
       convert_p(acc_s, p);
     }
@@ -280,7 +280,7 @@ struct Consumer {
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl(), wr());
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl, wr);
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);
       // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by

@@ -142,8 +142,9 @@ inline void tail_split(FwdArgs& a, long long heads_batch, int g) {
 // FwdArgs::sched (the mode) and its derived fields: sched_total (tile slots), the paired boundary.
 inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int grid) {
   a.sched_total = int(a.m_blocks * heads_batch);
+  const bool paired = causal && paired_mode(a.sched);
   bool virtual_tiles = false;
-  if (causal && paired_mode(a.sched)) {
+  if (paired) {
     tail_split(a, heads_batch, grid);
     a.sched_total = 2 * a.tail_u0 + a.m_blocks * int(heads_batch > 2LL * a.tail_hp0 ? heads_batch - 2LL * a.tail_hp0 : 0);
     virtual_tiles = 2LL * a.tail_hp0 > heads_batch;  // the pairs include the last, half-virtual head pair
@@ -158,8 +159,7 @@ inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int gri
   a.div_hb = FastDiv(int(heads_batch));
   a.div_grid = FastDiv(grid);
   a.div_half = FastDiv(a.m_blocks / 2);
-  a.div_nh2 = FastDiv(virtual_tiles || !(causal && (a.sched == kPaired || a.sched == kPairedTail))
-                          ? 1 : int(heads_batch - 2LL * a.tail_hp0));
+  a.div_nh2 = FastDiv(virtual_tiles || !paired ? 1 : int(heads_batch - 2LL * a.tail_hp0));
 }
 // CTAs: one per tile, or persistent (at most one per SM, at most one per work unit).
 inline int grid_size(int mode, int m_blocks, long long heads_batch, int sm_count) {

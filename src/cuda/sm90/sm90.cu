@@ -56,7 +56,7 @@ CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, in
   // d a multiple of 64: 64-element chunks as dimension 2, one box may take several. Otherwise
   // (d = 96) the row's d elements are dimension 0 and a tile loads chunk c on its own at x = 64·c;
   // the elements past d read as zeros and are not stored (FwdArgs::x_chunks).
-  const bool x_chunks = d % 64 != 0;
+  const bool x_chunks = x_chunked(d);
   const cuuint64_t dims[5] = {cuuint64_t(x_chunks ? d : 64), cuuint64_t(rows), cuuint64_t(x_chunks ? 1 : d / 64),
                               cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[4] = {stride_bytes(rows, t.row_stride), 128, stride_bytes(heads, t.head_stride),
@@ -144,8 +144,7 @@ bool supports(const detail::Params& p) {
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;
   if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31)) return false;
-  // the causal kernels' key bound (m_block + 1)·kBlockM + diag + window_right must fit an int
-  if (causal_kernel(p) && p.seqlen_q + p.seqlen_k + 256 >= (int64_t(1) << 31)) return false;
+  if (!window_bounds_fit(p)) return false;
   // tile slots (m_blocks · heads · batch, paired: m_blocks · (heads · batch + 1)) must fit an int
   if ((p.seqlen_q + 127) / 128 * (p.heads * p.batch + 1) >= (int64_t(1) << 31)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
@@ -163,7 +162,7 @@ void forward(const detail::Params& p) {
   a.tm_k = make_map(p.k, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
   a.tm_v = make_map(p.v, p.batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
   a.tm_o = make_map(p.out, p.batch, p.seqlen_q, p.heads, d, 64, 1, f16);  // one 64-row WG, one chunk
-  a.x_chunks = d % 64 != 0;
+  a.x_chunks = x_chunked(d);
   a.lse = p.lse.data;
   a.lse_batch_stride = p.lse.batch_stride;
   a.lse_head_stride = p.lse.head_stride;

@@ -17,6 +17,11 @@ inline int kernel_window_right(const detail::Params& p) {
   if (!causal_kernel(p)) return -1;
   return int(p.window_right < 0 || p.window_right > p.seqlen_q ? p.seqlen_q : p.window_right);
 }
+// The causal kernels' bounds (a tile's last row + diag + window_right, its last key + window_left)
+// stay within int.
+inline bool window_bounds_fit(const detail::Params& p) {
+  return !causal_kernel(p) || p.seqlen_q + p.seqlen_k + 256 < (int64_t(1) << 31);
+}
 
 // True when forward(p) handles this call: f16/bf16, head_dim 64/96/128/192/256 (96 on the d128
 // kernels), any window (on the causal kernels), softcap except at d64 without a window, no varlen,

@@ -44,8 +44,7 @@ bool supports_backward(const detail::Params& p) {
   if (p.varlen() || p.softcap != 0.f) return false;
   // d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
   if (p.head_dim == 256 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;
-  // the causal kernels' query bound (n_block + 1)·kBlockN + window_left must fit an int
-  if (causal_kernel(p) && p.seqlen_q + p.seqlen_k + 256 >= (int64_t(1) << 31)) return false;
+  if (!window_bounds_fit(p)) return false;
   if (p.scale == 0.f || !std::isfinite(p.scale)) return false;
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0 || p.batch > 65535 || p.heads > 65535) return false;  // grid y, z

@@ -24,9 +24,9 @@ struct FragmentSoftmax {
   static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
   SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
 
-  // Masks scores of keys the row cannot see: key >= k_len, key > row + diag + wr (the causal
-  // kernels: wr >= 0; else wr < 0: no bound) or key < row + diag − wl (wl < 0: no bound), diag =
-  // k_len − q_len. (Consumer::run passes windows to the causal kernels only.)
+  // Masks scores of keys the row cannot see: key >= k_len and, in the causal kernels (which serve
+  // every window; the others none), key > row + diag + wr (wr >= 0: sm90.hpp) or key < row + diag
+  // − wl (wl < 0: no bound), diag = k_len − q_len.
   // key0 = first key of the tile, row0 = this thread's half-0 query row; both sequence-local.
   // The right bounds fold into one last visible column per row half, relative to this thread's
   // first column, so without a left window each score costs one compare against a constant and
@@ -40,12 +40,11 @@ struct FragmentSoftmax {
     for (int h = 0; h < 2; ++h) {
       const int diag = (k_len - q_len) + row0 + 8 * h;
       int bound = k_len - 1;
-      if (kCausal) bound = min(bound, diag + wr);  // the causal kernels: 0 <= wr (sm90.cu)
-      else if (wr >= 0) bound = min(bound, diag + wr);
+      if (kCausal) bound = min(bound, diag + wr);
       last[h] = bound - first;
       lo[h] = diag - wl - first;
     }
-    if (wl < 0) {
+    if (!kCausal || wl < 0) {
 #pragma unroll
       for (int r = 0; r < kRegs; ++r)
         if (8 * (r >> 2) + (r & 1) > last[(r >> 1) & 1]) acc_s[r] = -INFINITY;

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     if (threadIdx.x == 0)
       for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
         const TileCoord tc = Sched::coord(a, idx);
-        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, tile_keys<Tile, kCausal>(a, tc));
+        const TileSeq s = tile_seq(a, tc.batch);
+        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal>(a, tc, s));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
@@ -48,8 +49,14 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     // without each tile's coordinates and key range (their index arithmetic, per tile, was ~5 % of
     // the instructions of a short tile: session 7, ncu).
     int last_work = -1;
-    for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
-      if (a.every_tile_has_keys || tile_keys<Tile, kCausal>(a, Sched::coord(a, idx)).count() > 0) last_work = idx;
+    for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
+      if (a.every_tile_has_keys) {
+        last_work = idx;
+        continue;
+      }
+      const TileCoord tc = Sched::coord(a, idx);
+      if (tile_keys<Tile, kCausal>(a, tc, tile_seq(a, tc.batch)).count() > 0) last_work = idx;
+    }
     bool first_work = true;
     for (int idx = Sched::first(a), next_idx = 0; Sched::valid(a, idx); idx = next_idx) {
       // The causal chains take next() here, where few registers are live (taken after run(), the
@@ -57,18 +64,21 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // 2–3 %, session 7).
       if (kCausal) next_idx = Sched::next(a, idx);
       const TileCoord tc = Sched::coord(a, idx);
-      const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc);
+      const TileSeq s = tile_seq(a, tc.batch);
+      const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc, s);
       const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
-      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work);
+      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work, s.q_len, s.k_len);
       if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
       // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
       if (n_blocks == 0) ptx::named_bar_sync(1 + (wg - 1), 128);
-      epilogue<Tile, kF16, kCausal, kHeadDim>(a, sm, c, wg - 1, tc.m_block, tc.head, tc.batch);
+      epilogue<Tile, kF16, kCausal, kHeadDim>(a, sm, c, wg - 1, tc.m_block, tc.head, tile_seq(a, tc.batch));
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
-      // now, after thread 0's wait for the store's smem reads.
+      // now, after thread 0's wait for the TMA store's smem reads and (O in sQ) every thread's
+      // reads of the varlen epilogue's plain stores.
+      if (!Tile::kSeparateO) ptx::named_bar_sync(1 + (wg - 1), 128);
       if ((!Tile::kSeparateO || n_blocks == 0) && threadIdx.x % 128 == 0) ptx::mbar_arrive(sm.empty_q);
       if (!kCausal) next_idx = Sched::next(a, idx);
     }

@@ -24,7 +24,7 @@ inline bool window_bounds_fit(const detail::Params& p) {
 }
 
 // True when forward(p) handles this call: f16/bf16, head_dim 64/96/128/192/256 (96 on the d128
-// kernels), any window (on the causal kernels), softcap except at d64 without a window, no varlen,
+// kernels), any window (on the causal kernels), softcap except at d64 without a window, varlen,
 // 16-byte aligned rows and strides, positive scale, an sm_90 device.
 bool supports(const detail::Params& p);
 

@@ -280,7 +280,18 @@ struct Consumer {
       const int n = keys.end - 1;
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
-      softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
+      if (kCausal) {
+        // The diagonal tile: the column blocks right of this warp's last row's last key are
+        // masked for all its rows (warp 0 of warpgroup 0 sees 16 of the 128 keys of an aligned
+        // diagonal tile); their exponentials are skipped (FragmentSoftmax::step<true>).
+        const int warp_last_row = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + 15;
+        const int last_key = min(k_len - 1, warp_last_row + k_len - q_len + wr);
+        const int live_cols = last_key - n * kBlockN + 1;
+        const int live = live_cols <= 0 ? 0 : min(kBlockN / 8, (live_cols + 7) / 8);
+        softmax.template step<true>(acc_s, a.scale_log2, rescale, live);  // acc_o is 0: no rescale
+      } else {
+        softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
+      }
       convert_p(acc_s, p);
     }
 

@@ -25,8 +25,9 @@ struct PrepArgs {
   long long lse_batch, lse_head, lse_row;
   float* lse_log2;  // (batch, heads, m_pad)
   float* dsum;
-  float* dq_accum;  // (batch, heads, m_pad/64, D/64, 64, 64), see launch.hpp
+  float* dq_accum;  // (batch, heads, m_pad/64, acc_dim/64, 64, 64), see launch.hpp
   int heads, seqlen_q, m_pad, head_dim;
+  int acc_dim;  // the kernel's head dim (128 for head_dim 96): dQ_accum's columns, the thread layout
 };
 
 // Both passes move 8 elements (16 bytes) per access: the CUDA dispatch (check_flash_layout,
@@ -44,11 +45,12 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
 
 // Grid (m_pad / rows per block, heads, batch): every index is 32-bit and the (batch, head) pair
 // comes from the block — 64-bit divisions per row made these passes 2-3× slower than a copy.
-// A row of the head dim is read by tpr = D / kVec neighbouring threads (an aligned group of the
-// warp, reduced with shuffles; D ≤ 256).
+// A row of the head dim is read by tpr = acc_dim / kVec neighbouring threads (an aligned group of
+// the warp, a power of two, reduced with shuffles; D ≤ 256); with head_dim 96 (acc_dim 128) the
+// last quarter of them reads nothing and zeroes its part of dQ_accum.
 template <class T>
 __global__ void bwd_prep_kernel(const PrepArgs a) {
-  const int tpr = a.head_dim / kVec;
+  const int tpr = a.acc_dim / kVec;
   const int sub = threadIdx.x % tpr;
   const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;  // m_pad is a multiple of the rows per block
   const int h = blockIdx.y, b = blockIdx.z;
@@ -73,16 +75,17 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
     a.lse_log2[bh * a.m_pad + i] = l2;
   }
   // Row i of every 64 × 64 block of this query tile: 64 contiguous floats per head-dim chunk.
-  float* acc = a.dq_accum + (bh * (a.m_pad / 64) + i / 64) * (a.head_dim / 64) * 4096 + (i % 64) * 64;
-  for (int c = sub * 4; c < a.head_dim; c += tpr * 4)
+  float* acc = a.dq_accum + (bh * (a.m_pad / 64) + i / 64) * (a.acc_dim / 64) * 4096 + (i % 64) * 64;
+  for (int c = sub * 4; c < a.acc_dim; c += tpr * 4)
     *reinterpret_cast<float4*>(acc + (c / 64) * 4096 + c % 64) = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 struct ConvertArgs {
-  const float* dq_accum;  // (batch, heads, m_blocks, D/64, 64, 64): 64 × 64 blocks, m_blocks = m_pad/64 (launch.hpp)
+  const float* dq_accum;  // (batch, heads, m_blocks, acc_dim/64, 64, 64): 64 × 64 blocks, m_blocks = m_pad/64 (launch.hpp)
   void* dq;
   long long dq_batch, dq_row, dq_head;
   int heads, seqlen_q, m_blocks, head_dim;
+  int acc_dim;  // as PrepArgs: columns past head_dim are not written
   float scale;
 };
 
@@ -90,13 +93,14 @@ struct ConvertArgs {
 // (two 16-byte loads, one 16-byte store).
 template <class T>
 __global__ void dq_convert_kernel(const ConvertArgs a) {
-  const int tpr = a.head_dim / kVec;  // threads per row (a power of two dividing the block)
+  const int tpr = a.acc_dim / kVec;  // threads per row (a power of two dividing the block)
   const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
   if (i >= a.seqlen_q) return;
   const int c = (threadIdx.x % tpr) * kVec;
+  if (c >= a.head_dim) return;  // head_dim 96: the kernel's zero columns
   const int h = blockIdx.y, b = blockIdx.z;
   const long long bh = static_cast<long long>(b) * a.heads + h;
-  const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.head_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
+  const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.acc_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
   uint4 raw;
   T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll

@@ -171,10 +171,24 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   return c;
 }
 
+// One tile (kRows × D as 64-column chunks, chunk c at + c·kRows·128) from a map; head_dim 96 on
+// the d128 kernel (BwdArgs::x_chunks): one load per chunk at x = 64·c.
+template <int kChunks, int kRows>
+__device__ __forceinline__ void bwd_load(const BwdArgs& a, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                         int row, int head, int batch) {
+  if (kChunks == 2 && a.x_chunks) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) ptx::tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
+  } else {
+    ptx::tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+  }
+}
+
 // Epilogue of both backward kernels: this warpgroup's dV and scale·dK straight from the
 // accumulators to the caller's tensors — key rows key_row0 and key_row0 + 8 (keys past seqlen_k
-// are not written), head-dim columns col0 + acc_col.
-template <bool kF16, int kRegs>
+// are not written), head-dim columns col0 + acc_col; with kClip (the d128 kernel, which also runs
+// head_dim 96) only those below BwdArgs::cols.
+template <bool kF16, bool kClip, int kRegs>
 __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int batch, int head_kv, int col0, int key_row0,
                                             const float (&acc_dk)[kRegs], const float (&acc_dv)[kRegs], int t) {
   using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
@@ -183,7 +197,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int batch, int hea
 #pragma unroll
   for (int r = 0; r < kRegs; r += 2) {
     const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
-    if (key < a.seqlen_k) {
+    if (key < a.seqlen_k && (!kClip || col0 + col < a.cols)) {  // cols, col even: both columns or neither
       *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
       *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
           pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
@@ -219,8 +233,8 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
     if (tc.steps == 0) continue;
     ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
-    ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
-    ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
+    bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.k, &a.tm_k, sm.full_kv, tc.n_block * Tile::kBlockN, tc.head_kv, tc.batch);
+    bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.v, &a.tm_v, sm.full_kv, tc.n_block * Tile::kBlockN, tc.head_kv, tc.batch);
     for (int st = 0; st < tc.steps; ++st, ++it) {
       const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
@@ -253,8 +267,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
         ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
-        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
-        ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+        bwd_load<Tile::kChunks, kBlockM>(a, sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, m * kBlockM, head, batch);
+        bwd_load<Tile::kChunks, kBlockM>(a, sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, m * kBlockM, head, batch);
       });
     return;
   }
@@ -431,7 +445,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
     if (steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
-    store_dk_dv<kF16>(a, batch, head_kv, 0, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, kHeadDim == 128>(a, batch, head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 }

@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
     if (tc.steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
     // Epilogue: dV and scale·dK, columns 128g.., straight from the accumulators.
-    store_dk_dv<kF16>(a, batch, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, false>(a, batch, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();
 }

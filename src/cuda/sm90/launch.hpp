@@ -107,6 +107,10 @@ struct BwdArgs {
   float scale_log2;                      // scale · log2(e)
   float scale;
   int flags;                             // BwdFlags
+  // head_dim 96 on the d128 kernel: maps as FwdArgs::x_chunks (one TMA load per 64-column chunk,
+  // columns 96–127 read as zeros, so they add nothing and their dK, dV, dQ are zero), and dK/dV
+  // stored up to cols = 96 (the tensors' head dim; the kernel's otherwise).
+  int x_chunks, cols;
 };
 
 // Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in sm90.cu;

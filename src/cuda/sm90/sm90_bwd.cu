@@ -38,7 +38,8 @@ int bwd_flags(int d, bool causal) {
 
 bool supports_backward(const detail::Params& p) {
   if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
+  // head_dim 96 runs the d128 kernel, Q, K, V, dO zero-padded to 128 by TMA (BwdArgs::x_chunks).
+  if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.varlen() || p.softcap != 0.f) return false;
@@ -58,9 +59,10 @@ bool supports_backward(const detail::Params& p) {
 void backward(const detail::Params& p) {
   if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
-  const int d = int(p.head_dim);
-  const int block_m = d == 64 ? BwdTile<64>::kBlockM : d == 128 ? BwdTile<128>::kBlockM : BwdTile<256>::kBlockM;
-  const int block_n = d == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
+  const int d = int(p.head_dim);           // the tensors'
+  const int kd = d == 96 ? 128 : d;         // the kernel's (x_chunks below)
+  const int block_m = kd == 64 ? BwdTile<64>::kBlockM : kd == 128 ? BwdTile<128>::kBlockM : BwdTile<256>::kBlockM;
+  const int block_n = kd == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   const int m_blocks = int((p.seqlen_q + block_m - 1) / block_m);
   // Statistics and the dQ accumulator (64-row blocks) padded to 128 rows at every query step.
@@ -68,7 +70,7 @@ void backward(const detail::Params& p) {
   const int n_blocks = int((p.seqlen_k + block_n - 1) / block_n);
   const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);  // statistics rows
   DeviceScratch stats(size_t(2 * rows) * sizeof(float), s);
-  DeviceScratch dq_accum(size_t(rows) * d * sizeof(float), s);
+  DeviceScratch dq_accum(size_t(rows) * kd * sizeof(float), s);
 
   PrepArgs pa{};
   pa.out = p.out.data;
@@ -80,8 +82,8 @@ void backward(const detail::Params& p) {
   pa.lse_log2 = stats.as<float>();
   pa.dsum = stats.as<float>() + rows;
   pa.dq_accum = dq_accum.as<float>();
-  pa.heads = int(p.heads), pa.seqlen_q = int(p.seqlen_q), pa.m_pad = m_pad, pa.head_dim = d;
-  const int rows_per_block = 256 / (d / kVec);  // 32, 16 or 8: divides m_pad
+  pa.heads = int(p.heads), pa.seqlen_q = int(p.seqlen_q), pa.m_pad = m_pad, pa.head_dim = d, pa.acc_dim = kd;
+  const int rows_per_block = 256 / (kd / kVec);  // 32, 16 or 8: divides m_pad
   const dim3 prep_grid(unsigned(m_pad / rows_per_block), unsigned(p.heads), unsigned(p.batch));
   if (f16) bwd_prep_kernel<__half><<<prep_grid, 256, 0, s>>>(pa);
   else bwd_prep_kernel<__nv_bfloat16><<<prep_grid, 256, 0, s>>>(pa);
@@ -106,7 +108,9 @@ void backward(const detail::Params& p) {
   a.scale = p.scale;
   a.window_left = kernel_window_left(p);
   a.window_right = kernel_window_right(p);
-  a.flags = bwd_flags(d, causal_kernel(p));
+  a.flags = bwd_flags(kd, causal_kernel(p));
+  a.x_chunks = d % 64 != 0;
+  a.cols = d;
   a.n_blocks = n_blocks, a.heads_kv = int(p.heads_kv), a.batch = int(p.batch);
   const long long tiles = static_cast<long long>(n_blocks) * p.heads_kv * p.batch;
   if (tiles >= (1LL << 31)) throw Error("flashattn sm90 backward: too many key tiles for one grid");
@@ -114,8 +118,8 @@ void backward(const detail::Params& p) {
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   a.grid = int((a.flags & kBwdPersistent) && tiles > sms ? sms : tiles);
-  cudaError_t e = d == 64    ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
-                   : d == 128 ? (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s))
+  cudaError_t e = kd == 64    ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
+                   : kd == 128 ? (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s))
                               : (f16 ? launch_b<256, true>(a, p, s) : launch_b<256, false>(a, p, s));
   if (e != cudaSuccess) fail("backward kernel launch", e);
 
@@ -123,7 +127,7 @@ void backward(const detail::Params& p) {
   ca.dq_accum = dq_accum.as<float>();
   ca.dq = p.dq.data;
   ca.dq_batch = p.dq.batch_stride, ca.dq_row = p.dq.row_stride, ca.dq_head = p.dq.head_stride;
-  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_pad / 64, ca.head_dim = d;
+  ca.heads = int(p.heads), ca.seqlen_q = int(p.seqlen_q), ca.m_blocks = m_pad / 64, ca.head_dim = d, ca.acc_dim = kd;
   ca.scale = p.scale;
   const dim3 conv_grid(unsigned((p.seqlen_q + rows_per_block - 1) / rows_per_block), unsigned(p.heads), unsigned(p.batch));
   if (f16) dq_convert_kernel<__half><<<conv_grid, 256, 0, s>>>(ca);

@@ -223,8 +223,9 @@ __device__ __forceinline__ void bwd_prologue(const BwdArgs& a, Sm& sm) {
 // both consumer warpgroups released the previous tile's: a fresh barrier passes), then
 // load_step(it, head, m, batch) for each (query head of the group, query tile) step, head-major,
 // it counting the steps over the CTA's life (the ring positions continue across tiles), each
-// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch).
-template <class Tile, bool kCausal, class Sm, class LoadStep>
+// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch). kKVTxBytes: the
+// bytes K and V bring together (head_dim 192 on the d256 kernel loads 3 of the 4 chunks).
+template <class Tile, bool kCausal, int kKVTxBytes = 2 * Tile::kKVBytes, class Sm, class LoadStep>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep load_step) {
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
   int it = 0, kv_loads = 0;
@@ -232,7 +233,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
     const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
     if (tc.steps == 0) continue;
     ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
-    ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
+    ptx::mbar_arrive_expect_tx(sm.full_kv, kKVTxBytes);
     bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.k, &a.tm_k, sm.full_kv, tc.n_block * Tile::kBlockN, tc.head_kv, tc.batch);
     bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.v, &a.tm_v, sm.full_kv, tc.n_block * Tile::kBlockN, tc.head_kv, tc.batch);
     for (int st = 0; st < tc.steps; ++st, ++it) {
@@ -457,12 +458,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
 namespace flashattn::cuda::sm90 {
 
+// kHeadDim 192 runs the d256 kernel with its fourth column chunk zero (kernel_bwd_wide.cuh, kCols).
 template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  using Tile = BwdTile<kHeadDim>;
-  constexpr bool kWide = kHeadDim == 256;
+  constexpr bool kWide = kHeadDim >= 192;
+  using Tile = BwdTile<kWide ? 256 : kHeadDim>;
   auto kernel = [] {
-    if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
+    if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal, kHeadDim>;
     else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
   }();
   constexpr int smem = [] {

@@ -38,13 +38,15 @@ int bwd_flags(int d, bool causal) {
 
 bool supports_backward(const detail::Params& p) {
   if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
-  // head_dim 96 runs the d128 kernel, Q, K, V, dO zero-padded to 128 by TMA (BwdArgs::x_chunks).
-  if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 256) return false;
+  // head_dim 96 runs the d128 kernel, Q, K, V, dO zero-padded to 128 by TMA (BwdArgs::x_chunks);
+  // 192 the d256 kernel with its fourth column chunk zero (kernel_bwd_wide.cuh, kCols).
+  if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
+    return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   if (p.varlen() || p.softcap != 0.f) return false;
-  // d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
-  if (p.head_dim == 256 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;
+  // d192/d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
+  if (p.head_dim >= 192 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;
   if (!window_bounds_fit(p)) return false;
   if (p.scale == 0.f || !std::isfinite(p.scale)) return false;
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
@@ -60,7 +62,7 @@ void backward(const detail::Params& p) {
   if (!supports_backward(p)) throw Error("flashattn sm90 backward: unsupported configuration");
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);           // the tensors'
-  const int kd = d == 96 ? 128 : d;         // the kernel's (x_chunks below)
+  const int kd = d == 96 ? 128 : d == 192 ? 256 : d;  // the kernel's (x_chunks, kCols)
   const int block_m = kd == 64 ? BwdTile<64>::kBlockM : kd == 128 ? BwdTile<128>::kBlockM : BwdTile<256>::kBlockM;
   const int block_n = kd == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
@@ -120,6 +122,7 @@ void backward(const detail::Params& p) {
   a.grid = int((a.flags & kBwdPersistent) && tiles > sms ? sms : tiles);
   cudaError_t e = kd == 64    ? (f16 ? launch_b<64, true>(a, p, s) : launch_b<64, false>(a, p, s))
                    : kd == 128 ? (f16 ? launch_b<128, true>(a, p, s) : launch_b<128, false>(a, p, s))
+                   : d == 192  ? (f16 ? launch_b<192, true>(a, p, s) : launch_b<192, false>(a, p, s))
                               : (f16 ? launch_b<256, true>(a, p, s) : launch_b<256, false>(a, p, s));
   if (e != cudaSuccess) fail("backward kernel launch", e);
 

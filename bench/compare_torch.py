@@ -190,6 +190,9 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 256, 512, 4, 2, 128, {"wl": 64, "wr": -1}),
     (torch.float16, 1, 256, 256, 4, 4, 64, {"softcap": 30.0, "causal": True}),
     (torch.bfloat16, 1, 190, 190, 4, 4, 256, {"softcap": 5.0}),
+    # softcap on the Hopper backward (d128 kernel): causal Nq != Nk (masked rows), GQA, a small cap
+    (torch.float16, 2, 300, 420, 8, 2, 128, {"softcap": 20.0, "causal": True}),
+    (torch.bfloat16, 1, 513, 513, 4, 4, 128, {"softcap": 3.0, "mult": 4.0}),
     (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([17, 0, 130, 64], [40, 7, 0, 200]), "causal": True}),
     (torch.bfloat16, 1, 0, 0, 8, 2, 128, {"varlen": ([100, 1, 257], [100, 300, 64])}),
     # varlen on the Hopper forward: sequences of several query blocks ending inside a warpgroup's

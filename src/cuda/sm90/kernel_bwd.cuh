@@ -123,10 +123,10 @@ struct StepMask {
     return (c < lo[h]) | (c > hi[h]);
   }
   template <int kRegs>
-  __device__ __forceinline__ void apply(float (&p)[kRegs]) const {
+  __device__ __forceinline__ void apply(float (&p)[kRegs], float hidden = 0.f) const {
 #pragma unroll
     for (int r = 0; r < kRegs; ++r)
-      if (hides(r)) p[r] = 0.f;
+      if (hides(r)) p[r] = hidden;
   }
 };
 template <bool kCausal>
@@ -289,6 +289,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   // reductions per dQ block, and at d128 a 64-register m64n128 accumulator that made ptxas
   // serialize the wgmmas; d64's former 64-query step did that and ran 6–24 % slower: perf-log.)
   constexpr bool kSplitQueries = kHeadDim == 64;
+  // Softcap, s = cap·tanh(x·scale/cap) of the raw score x: P from the capped score, and dS scaled
+  // by ds/dx / scale = 1 − tanh² (the scale itself is applied to dK and dQ at the end, as without
+  // a softcap). The d128 kernel only: tanh stays in the Sᵀ registers and P goes straight to its
+  // 16-bit A operand, so no register is added (at d64, 128-query steps, the consumer has none).
+  constexpr bool kSoftcapKernel = kHeadDim == 128;
   int it = 0, kv_loads = 0;  // as on the producer side
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
@@ -333,22 +338,45 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       ptx::fence_operand(acc_s);
       const int q0 = m * kBlockM;
       const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
+      const bool softcap = kSoftcapKernel && a.softcap_scale > 0.f;
+      uint32_t p_a[kMSteps][4];
+      if (softcap) {
+        // acc_s becomes tanh(x·scale/cap) (for dS below), hidden keys 2 (tanh never is: P = 0
+        // there, and dS = 0 whatever 1 − tanh² reads); P goes pairwise into p_a (registers r, r + 1:
+        // one row half, two neighbouring queries; fragment.cuh acc_to_a). The mask as a pass: inside
+        // the loop the causal instances spilled.
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 l2 = lse2[j];
-#pragma unroll
-        for (int r = 4 * j; r < 4 * j + 4; ++r) {
-          const float row_lse = (r & 1) ? l2.y : l2.x;
-          acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+        for (int r = 0; r < kSRegs; ++r) {
+          const float e = ptx::ex2(acc_s[r] * (a.softcap_scale * 2.8853900817779268f));  // 2^(2u·log2 e)
+          acc_s[r] = 1.f - __fdividef(2.f, e + 1.f);  // tanh u, as the forward (softmax.cuh)
         }
+        if (need_mask) step_mask<kCausal>(a, key_row0, q0 + 2 * (lane % 4)).apply(acc_s, 2.f);
+#pragma unroll
+        for (int r = 0; r < kSRegs; r += 2) {
+          const float2 l2 = lse2[r / 4];
+          float p[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            p[i] = acc_s[r + i] > 1.5f ? 0.f : ptx::ex2(fmaf(acc_s[r + i], a.scale_log2, -(i ? l2.y : l2.x)));
+          p_a[r / 8][(r % 8) / 2] = pack2<kF16>(p[0], p[1]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+          const float2 l2 = lse2[j];
+#pragma unroll
+          for (int r = 4 * j; r < 4 * j + 4; ++r) {
+            const float row_lse = (r & 1) ? l2.y : l2.x;
+            acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+          }
+        }
+        if (need_mask) step_mask<kCausal>(a, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
+        acc_to_a<kF16>(acc_s, p_a);
       }
-      if (need_mask) step_mask<kCausal>(a, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
         dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + srow + 8 * j + 2 * (lane % 4)));
-      uint32_t p_a[kMSteps][4];
-      acc_to_a<kF16>(acc_s, p_a);
 
       // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
       // step), issued right away to run while dSᵀ is computed.
@@ -367,11 +395,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 #pragma unroll
         for (int r = 4 * j; r < 4 * j + 4; ++r) {
           float p = acc_s[r];
-          if constexpr (kSplitQueries) {
+          if (kSplitQueries || softcap) {  // P from its 16-bit copy (with softcap acc_s holds tanh)
             const float2 p2 = unpack2<kF16>(p_a[r / 8][(r % 8) / 2]);
             p = (r & 1) ? p2.y : p2.x;
           }
-          acc_dp[r] = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+          float ds = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+          if (softcap) ds *= 1.f - acc_s[r] * acc_s[r];
+          acc_dp[r] = ds;
         }
       }
       uint32_t ds_a[kMSteps][4];

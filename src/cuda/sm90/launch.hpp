@@ -111,6 +111,9 @@ struct BwdArgs {
   // columns 96–127 read as zeros, so they add nothing and their dK, dV, dQ are zero), and dK/dV
   // stored up to cols = 96 (the tensors' head dim; the kernel's otherwise).
   int x_chunks, cols;
+  // Softcap (the d128 kernel only, kernel_bwd.cuh): scale / cap, 0 = none; scale_log2 is then
+  // cap · log2(e) as in the forward.
+  float softcap_scale;
 };
 
 // Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in sm90.cu;

@@ -44,7 +44,9 @@ bool supports_backward(const detail::Params& p) {
     return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  if (p.varlen() || p.softcap != 0.f) return false;
+  if (p.varlen()) return false;
+  // softcap: the d128 kernel only (head dims 96 and 128; kernel_bwd.cuh, kSoftcapKernel)
+  if (p.softcap != 0.f && p.head_dim != 96 && p.head_dim != 128) return false;
   // d192/d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
   if (p.head_dim >= 192 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;
   if (!window_bounds_fit(p)) return false;
@@ -106,7 +108,9 @@ void backward(const detail::Params& p) {
   a.seqlen_q = int(p.seqlen_q), a.seqlen_k = int(p.seqlen_k), a.heads = int(p.heads);
   a.group = int(p.heads / p.heads_kv);
   a.m_blocks = m_blocks, a.m_pad = m_pad;
-  a.scale_log2 = float(double(p.scale) * 1.4426950408889634);
+  // As the forward: with a softcap P = 2^(tanh(x·scale/cap)·cap·log2 e − LSE·log2 e).
+  a.scale_log2 = float((p.softcap > 0.f ? double(p.softcap) : double(p.scale)) * 1.4426950408889634);
+  a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;
   a.scale = p.scale;
   a.window_left = kernel_window_left(p);
   a.window_right = kernel_window_right(p);

@@ -132,6 +132,7 @@ int main() {
   for (bool c : {false, true}) fails += run(DType::f16, 96, c, Algorithm::flash, false, false);  // Hopper bwd, d96 on d128
   for (bool c : {false, true}) fails += run(DType::bf16, 192, c, Algorithm::flash, false, false);  // d192 on d256
   fails += run(DType::bf16, 128, true, Algorithm::flash, false, false, 4, -1, 30.f);  // Hopper bwd softcap
+  for (int d : {64, 128}) fails += run(DType::f16, d, d == 128, Algorithm::flash, true, false);  // Hopper bwd varlen
   for (int d : {64, 128}) fails += run(DType::bf16, d, true, Algorithm::flash, false, false, 160);
   fails += run(DType::bf16, 64, false, Algorithm::standard, false);
   fails += run(DType::f16, 64, true, Algorithm::standard, true);

@@ -28,7 +28,19 @@ struct PrepArgs {
   float* dq_accum;  // (batch, heads, m_pad/64, acc_dim/64, 64, 64), see launch.hpp
   int heads, seqlen_q, m_pad, head_dim;
   int acc_dim;  // the kernel's head dim (128 for head_dim 96): dQ_accum's columns, the thread layout
+  const int* cu_seqlens_q;  // varlen: row i of sequence b is packed row cu_seqlens_q[b] + i (else null)
 };
+
+// Row i of sequence b: its row in the tensors (O, dO, LSE, dQ) and whether it exists.
+__device__ __forceinline__ bool seq_row(const int* cu_seqlens_q, int seqlen_q, int b, int i, int& row) {
+  if (cu_seqlens_q == nullptr) {
+    row = i;
+    return i < seqlen_q;
+  }
+  const int q0 = __ldg(cu_seqlens_q + b);
+  row = q0 + i;
+  return i < __ldg(cu_seqlens_q + b + 1) - q0;
+}
 
 // Both passes move 8 elements (16 bytes) per access: the CUDA dispatch (check_flash_layout,
 // cuda/backend.cpp) and supports_backward() require 16-byte aligned rows of O, dO and dQ.
@@ -56,9 +68,11 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
   const int h = blockIdx.y, b = blockIdx.z;
   const long long bh = static_cast<long long>(b) * a.heads + h;
   float d = 0.f, l2 = INFINITY;
-  if (i < a.seqlen_q) {
-    const T* o = static_cast<const T*>(a.out) + b * a.o_batch + i * a.o_row + h * a.o_head;
-    const T* dO = static_cast<const T*>(a.dout) + b * a.do_batch + i * a.do_row + h * a.do_head;
+  int row;
+  if (seq_row(a.cu_seqlens_q, a.seqlen_q, b, i, row)) {
+    const int tb = a.cu_seqlens_q == nullptr ? b : 0;  // the tensors' batch index
+    const T* o = static_cast<const T*>(a.out) + tb * a.o_batch + row * a.o_row + h * a.o_head;
+    const T* dO = static_cast<const T*>(a.dout) + tb * a.do_batch + row * a.do_row + h * a.do_head;
     for (int c = sub * kVec; c < a.head_dim; c += tpr * kVec) {
       float x[kVec], y[kVec];
       load_vec<T>(o + c, x);
@@ -66,7 +80,7 @@ __global__ void bwd_prep_kernel(const PrepArgs a) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) d += x[j] * y[j];
     }
-    const float l = a.lse[b * a.lse_batch + h * a.lse_head + i * a.lse_row];
+    const float l = a.lse[tb * a.lse_batch + h * a.lse_head + row * a.lse_row];
     l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
   }
   for (int off = tpr / 2; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
@@ -87,6 +101,7 @@ struct ConvertArgs {
   int heads, seqlen_q, m_blocks, head_dim;
   int acc_dim;  // as PrepArgs: columns past head_dim are not written
   float scale;
+  const int* cu_seqlens_q;  // as PrepArgs
 };
 
 // Grid (ceil(seqlen_q / rows per block), heads, batch); thread = kVec consecutive elements of a row
@@ -95,10 +110,12 @@ template <class T>
 __global__ void dq_convert_kernel(const ConvertArgs a) {
   const int tpr = a.acc_dim / kVec;  // threads per row (a power of two dividing the block)
   const int i = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;
-  if (i >= a.seqlen_q) return;
   const int c = (threadIdx.x % tpr) * kVec;
   if (c >= a.head_dim) return;  // head_dim 96: the kernel's zero columns
   const int h = blockIdx.y, b = blockIdx.z;
+  int row;
+  if (!seq_row(a.cu_seqlens_q, a.seqlen_q, b, i, row)) return;
+  const int tb = a.cu_seqlens_q == nullptr ? b : 0;
   const long long bh = static_cast<long long>(b) * a.heads + h;
   const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.acc_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
   uint4 raw;
@@ -111,7 +128,7 @@ __global__ void dq_convert_kernel(const ConvertArgs a) {
     e[j + 2] = T(v.z * a.scale);
     e[j + 3] = T(v.w * a.scale);
   }
-  *reinterpret_cast<uint4*>(static_cast<T*>(a.dq) + b * a.dq_batch + i * a.dq_row + h * a.dq_head + c) = raw;
+  *reinterpret_cast<uint4*>(static_cast<T*>(a.dq) + tb * a.dq_batch + row * a.dq_row + h * a.dq_head + c) = raw;
 }
 
 }  // namespace flashattn::cuda::sm90

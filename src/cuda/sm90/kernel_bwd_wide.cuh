@@ -97,14 +97,14 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
     if (threadIdx.x == 0)
-      bwd_produce<Tile, kCausal, 2 * Tile::kKVBytes / 256 * kCols>(a, sm, [&](int it, int head, int m, int batch) {
+      bwd_produce<Tile, kCausal, false, 2 * Tile::kKVBytes / 256 * kCols>(a, sm, [&](int it, int head, int row, int batch) {
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty_q + stage, ((it / Tile::kStages) & 1) ^ 1);
         ptx::mbar_arrive_expect_tx(sm.full_q + stage, kQTxBytes);
-        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, row, 0, head, batch);
         ptx::mbar_wait(sm.empty_do, (it & 1) ^ 1);  // released mid-step, after both dV GEMMs
         ptx::mbar_arrive_expect_tx(sm.full_do, kQTxBytes);
-        ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, m * kBlockM, 0, head, batch);
+        ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, row, 0, head, batch);
       });
     return;
   }
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
 
   int it = 0, kv_loads = 0;
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal, false>(a, int(idx));
     const int n_block = tc.n_block, head_kv = tc.head_kv, batch = tc.batch;
     float acc_dv[64], acc_dk[64];  // columns 128g .. 128g + 127
 #pragma unroll
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       };
       if (g == 0) {
         const int q0 = m * kBlockM;
-        const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
+        const bool need_mask = step_needs_mask<Tile, kCausal>(a, tc.seq, n_block, q0);
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
           const float lse = (r & 1) ? stat[r >> 2].y : stat[r >> 2].x;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
     if (tc.steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
     // Epilogue: dV and scale·dK, columns 128g.., straight from the accumulators.
-    store_dk_dv<kF16, (kCols < 256)>(a, batch, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, (kCols < 256)>(a, tc.seq, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();
 }

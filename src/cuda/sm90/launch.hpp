@@ -114,6 +114,11 @@ struct BwdArgs {
   // Softcap (the d128 kernel only, kernel_bwd.cuh): scale / cap, 0 = none; scale_log2 is then
   // cap · log2(e) as in the forward.
   float softcap_scale;
+  // Varlen (the d64/d128 kernel; both set, else null): sequence b is rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) of the packed tensors (maps of batch extent 1); n_blocks and m_blocks
+  // count the longest sequence's tiles, batch the sequences (kernel_bwd.cuh, BwdSeq).
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
 };
 
 // Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in sm90.cu;

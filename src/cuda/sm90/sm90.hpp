@@ -33,8 +33,8 @@ void forward(const detail::Params& p);
 
 // True when backward(p) handles this call: head_dim 64, 96 (on the d128 kernel), 128, 192 (on the
 // d256 kernel) or 256, any window at d64/d96/d128 (on the causal kernels; d192/d256 causal only),
-// softcap at d96/d128, no varlen, any nonzero scale, and not Options::deterministic (dQ is summed
-// with unordered fp32 atomics).
+// softcap at d96/d128, varlen at d64/d96/d128, any nonzero scale, and not Options::deterministic
+// (dQ is summed with unordered fp32 atomics).
 bool supports_backward(const detail::Params& p);
 
 // dQ, dK, dV on p.stream: a preprocessing kernel (D, LSE·log2e), the fused kernel, a dQ cast.

@@ -195,19 +195,6 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   return c;
 }
 
-// One tile (kRows × D as 64-column chunks, chunk c at + c·kRows·128) from a map; head_dim 96 on
-// the d128 kernel (BwdArgs::x_chunks): one load per chunk at x = 64·c.
-template <int kChunks, int kRows>
-__device__ __forceinline__ void bwd_load(const BwdArgs& a, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                         int row, int head, int batch) {
-  if (kChunks == 2 && a.x_chunks) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) ptx::tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
-  } else {
-    ptx::tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
-  }
-}
-
 // Epilogue of both backward kernels: this warpgroup's dV and scale·dK straight from the
 // accumulators to the caller's tensors — key rows key_row0 and key_row0 + 8 (keys past seqlen_k
 // are not written), head-dim columns col0 + acc_col; with kClip (the d128 kernel, which also runs
@@ -261,8 +248,8 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
     ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full_kv, kKVTxBytes);
     const int key_row = tc.seq.k_start + tc.n_block * Tile::kBlockN;
-    bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.k, &a.tm_k, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
-    bwd_load<Tile::kChunks, Tile::kBlockN>(a, sm.v, &a.tm_v, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k, &a.tm_k, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v, &a.tm_v, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
     for (int st = 0; st < tc.steps; ++st, ++it) {
       const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
@@ -295,8 +282,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
         ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
-        bwd_load<Tile::kChunks, kBlockM>(a, sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, row, head, batch);
-        bwd_load<Tile::kChunks, kBlockM>(a, sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, row, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, row, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, row, head, batch);
       });
     return;
   }

@@ -120,19 +120,6 @@ struct PipeState {
   int tiles = 0;    // tiles finished so far (empty_q parity)
 };
 
-// One tile (rows × D, chunk c at + c·rows·128) from a map: one box over every chunk, or with
-// FwdArgs::x_chunks (head_dim 96) one load per chunk at x = 64·c (zeros past the row's end).
-template <class Tile, int kRows>
-__device__ __forceinline__ void load_tile(const FwdArgs& a, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                          int row, int head, int batch) {
-  if (Tile::kChunks == 2 && a.x_chunks) {  // only the d128 kernels run head_dim 96
-#pragma unroll
-    for (int c = 0; c < Tile::kChunks; ++c) ptx::tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
-  } else {
-    ptx::tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
-  }
-}
-
 template <class Tile>
 __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
                                               int head, const TileSeq& s, KeyTiles keys) {
@@ -157,23 +144,23 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     // tile's tail. The first tile loads Q first (nothing to overlap, Q is needed first).
     if (it == 0 && first_tile) {
       ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
-      load_tile<Tile, Tile::kBlockM>(a, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
+      ptx::tma_load_tile<Tile::kChunks, Tile::kBlockM>(a.x_chunks, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
     }
     ptx::mbar_wait(sm.empty_k + stage, phase ^ 1);  // fresh barrier: parity 1 passes at once
     ptx::mbar_arrive_expect_tx(sm.full_k + stage, Tile::kKVBytes);
-    load_tile<Tile, Tile::kBlockN>(a, sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, s.k_start + n * Tile::kBlockN,
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, s.k_start + n * Tile::kBlockN,
                                    head_kv, batch);
     if (it == 0) {
       ptx::mbar_wait(sm.empty_q, q_free_parity);  // the previous tile is done with sQ
       ++ps.q_loads;
       if (!first_tile) {
         ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
-        load_tile<Tile, Tile::kBlockM>(a, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, Tile::kBlockM>(a.x_chunks, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
       }
     }
     ptx::mbar_wait(sm.empty_v + stage, phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full_v + stage, Tile::kKVBytes);
-    load_tile<Tile, Tile::kBlockN>(a, sm.v + stage * Tile::kKVBytes, &a.tm_v, sm.full_v + stage, s.k_start + n * Tile::kBlockN,
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v + stage * Tile::kKVBytes, &a.tm_v, sm.full_v + stage, s.k_start + n * Tile::kBlockN,
                                    head_kv, batch);
   }
   ps.kv_it += n_blocks;

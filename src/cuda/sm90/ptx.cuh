@@ -78,6 +78,19 @@ __device__ __forceinline__ void tma_load_5d(void* sdst, const CUtensorMap* map, 
       "r"(c4)
       : "memory");
 }
+// One tile (kRows × D as 64-column chunks, chunk c at + c·kRows·128) from a 5-D map of
+// make_map (sm90.cu): one box over every chunk, or with x_chunks (head_dim 96 on the d128
+// kernels, x_chunked) one box per chunk at x = 64·c, TMA filling the columns past 96 with zeros.
+template <int kChunks, int kRows>
+__device__ __forceinline__ void tma_load_tile(bool x_chunks, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                              int row, int head, int batch) {
+  if (kChunks == 2 && x_chunks) {  // only the d128 kernels run head_dim 96
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
+  } else {
+    tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+  }
+}
 // dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
 // instruction instead of one atomic per element pair); completes as a bulk group (commit below).
 // The first 1024-byte boundary at or after p: where a kernel's dynamic shared memory is carved from

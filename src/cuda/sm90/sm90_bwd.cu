@@ -120,7 +120,7 @@ void backward(const detail::Params& p) {
   a.window_left = kernel_window_left(p);
   a.window_right = kernel_window_right(p);
   a.flags = bwd_flags(kd, causal_kernel(p));
-  a.x_chunks = d % 64 != 0;
+  a.x_chunks = x_chunked(d);
   a.cu_seqlens_q = p.cu_seqlens_q;
   a.cu_seqlens_k = p.cu_seqlens_k;
   a.cols = d;

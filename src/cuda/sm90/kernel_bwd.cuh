@@ -264,7 +264,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
   }
 }
 
-template <int kHeadDim, bool kF16, bool kCausal>
+template <int kHeadDim, bool kF16, bool kCausal, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
@@ -307,7 +307,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   // by ds/dx / scale = 1 − tanh² (the scale itself is applied to dK and dQ at the end, as without
   // a softcap). The d128 kernel only: tanh stays in the Sᵀ registers and P goes straight to its
   // 16-bit A operand, so no register is added (at d64, 128-query steps, the consumer has none).
-  constexpr bool kSoftcapKernel = kHeadDim == 128;
+  // Its own instantiation (launch_bwd), so the kernel without a softcap is the one it was before
+  // (as a run-time branch, the softcap's code was in it: docs/perf-log.md, session 9). The bf16
+  // instance spills 8 bytes (2 registers, stored and reloaded once per query step).
+  static_assert(!kSoftcap || kHeadDim == 128, "softcap: the d128 kernel only");
   int it = 0, kv_loads = 0;  // as on the producer side
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const BwdTileCoord tc = bwd_tile<Tile, kCausal, true>(a, int(idx));
@@ -355,9 +358,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       // the d128 causal consumer spilled.
       const BwdSeq seq = bwd_seq<true>(a, batch);
       const bool need_mask = step_needs_mask<Tile, kCausal>(a, seq, n_block, q0);
-      const bool softcap = kSoftcapKernel && a.softcap_scale > 0.f;
       uint32_t p_a[kMSteps][4];
-      if (softcap) {
+      if constexpr (kSoftcap) {
         // acc_s becomes tanh(x·scale/cap) (for dS below), hidden keys 2 (tanh never is: P = 0
         // there, and dS = 0 whatever 1 − tanh² reads); P goes pairwise into p_a (registers r, r + 1:
         // one row half, two neighbouring queries; fragment.cuh acc_to_a). The mask as a pass: inside
@@ -388,12 +390,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
           }
         }
         if (need_mask) step_mask<kCausal>(a, seq, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
-        acc_to_a<kF16>(acc_s, p_a);
       }
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
         dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + srow + 8 * j + 2 * (lane % 4)));
+      if constexpr (!kSoftcap) acc_to_a<kF16>(acc_s, p_a);
 
       // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
       // step), issued right away to run while dSᵀ is computed.
@@ -412,12 +414,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 #pragma unroll
         for (int r = 4 * j; r < 4 * j + 4; ++r) {
           float p = acc_s[r];
-          if (kSplitQueries || softcap) {  // P from its 16-bit copy (with softcap acc_s holds tanh)
+          if constexpr (kSplitQueries || kSoftcap) {  // P from its 16-bit copy (with softcap acc_s holds tanh)
             const float2 p2 = unpack2<kF16>(p_a[r / 8][(r % 8) / 2]);
             p = (r & 1) ? p2.y : p2.x;
           }
           float ds = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
-          if (softcap) ds *= 1.f - acc_s[r] * acc_s[r];
+          if constexpr (kSoftcap) ds *= 1.f - acc_s[r] * acc_s[r];
           acc_dp[r] = ds;
         }
       }
@@ -510,16 +512,19 @@ template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   constexpr bool kWide = kHeadDim >= 192;
   using Tile = BwdTile<kWide ? 256 : kHeadDim>;
-  auto kernel = [] {
+  const bool softcap = kHeadDim == 128 && a.softcap_scale > 0.f;  // the d128 kernel's softcap instance
+  auto kernel = [softcap] {
     if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal, kHeadDim>;
-    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
+    else if constexpr (kHeadDim == 128)
+      return softcap ? bwd::bwd_kernel<128, kF16, kCausal, true> : bwd::bwd_kernel<128, kF16, kCausal, false>;
+    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal, false>;
   }();
   constexpr int smem = [] {
     if constexpr (kWide) return bwd::WideSmem::kBytes;
     else return bwd::Smem<Tile>::kBytes;
   }();
-  static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
-  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
+  static std::atomic<uint64_t> smem_set[2];  // devices each kernel's attribute is set on (static: zeroed)
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[softcap]);
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();

@@ -14,7 +14,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen>
 __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
                                          Consumer<Tile, kF16, kCausal, kHeadDim>& c, int wg, int m_block,
                                          int head, const TileSeq& s) {
@@ -39,7 +39,7 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   ptx::named_bar_sync(1 + wg, 128);     // this warpgroup only
   const int row_start = m_block * Tile::kBlockM + 64 * wg;  // in the sequence
   // TMA store: without varlen, or rows that all lie inside the sequence.
-  const bool tma = a.cu_seqlens_q == nullptr || row_start + 64 <= s.q_len;
+  const bool tma = !kVarlen || row_start + 64 <= s.q_len;
   if (t == 0 && row_start < s.q_len && tma) {
     const int row = s.q_start + row_start;
 #pragma unroll
@@ -55,7 +55,7 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   // reaches after these reads; where O is staged in sQ the kernel syncs the warpgroup before
   // releasing sQ (kernel_fwd.cuh). (A barrier here, conditional, made the d64/192-row and d256
   // consumers spill.)
-  if (!tma && row_start < s.q_len) {
+  if (kVarlen && !tma && row_start < s.q_len) {
     constexpr int kSlots = kHeadDim / 8;  // per row
     const int cols = a.x_chunks ? 96 : kHeadDim;
     uint16_t* o = static_cast<uint16_t*>(a.o) + (s.q_start + row_start) * a.o_row_stride + head * a.o_head_stride;

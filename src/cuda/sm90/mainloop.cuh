@@ -74,12 +74,14 @@ struct Smem {
 // the batch coordinate of the TMA maps. Without varlen the whole tensors of batch entry b; with
 // varlen (FwdArgs::cu_seqlens_q) rows of the packed tensors, batch coordinate 0. Loaded where it
 // is used (the consumers: before the main loop and again in the epilogue), so no register holds
-// it across the main loop (held there, the consumers spilled).
+// it across the main loop (held there, the consumers spilled). kVarlen: the kernel's varlen
+// instance (kernel_fwd.cuh, launch_fwd_tile); the other one has no trace of varlen.
 struct TileSeq {
   int q_start, k_start, q_len, k_len, batch;
 };
+template <bool kVarlen>
 __device__ __forceinline__ TileSeq tile_seq(const FwdArgs& a, int b) {
-  if (a.cu_seqlens_q == nullptr) return {0, 0, a.seqlen_q, a.seqlen_k, b};
+  if constexpr (!kVarlen) return {0, 0, a.seqlen_q, a.seqlen_k, b};
   const int q0 = ptx::ld_global_nc_reload(a.cu_seqlens_q + b), k0 = ptx::ld_global_nc_reload(a.cu_seqlens_k + b);
   return {q0, k0, ptx::ld_global_nc_reload(a.cu_seqlens_q + b + 1) - q0,
           ptx::ld_global_nc_reload(a.cu_seqlens_k + b + 1) - k0, 0};

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
         const TileCoord tc = Sched::coord(a, idx);
         const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
-        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal>(a, tc, s));
+        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
@@ -49,14 +49,10 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     // without each tile's coordinates and key range (their index arithmetic, per tile, was ~5 % of
     // the instructions of a short tile: session 7, ncu).
     int last_work = -1;
-    for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
-      if (a.every_tile_has_keys) {
+    for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
+      if (a.every_tile_has_keys || tile_keys<Tile, kCausal, kVarlen>(a, Sched::coord(a, idx),
+                                                                       tile_seq<kVarlen>(a, Sched::coord(a, idx).batch)).count() > 0)
         last_work = idx;
-        continue;
-      }
-      const TileCoord tc = Sched::coord(a, idx);
-      if (tile_keys<Tile, kCausal>(a, tc, tile_seq<kVarlen>(a, tc.batch)).count() > 0) last_work = idx;
-    }
     bool first_work = true;
     for (int idx = Sched::first(a), next_idx = 0; Sched::valid(a, idx); idx = next_idx) {
       // The causal chains take next() here, where few registers are live (taken after run(), the
@@ -65,7 +61,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       if (kCausal) next_idx = Sched::next(a, idx);
       const TileCoord tc = Sched::coord(a, idx);
       const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
-      const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc, s);
+      const KeyTiles keys = tile_keys<Tile, kCausal, kVarlen>(a, tc, s);
       const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
       c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work, s.q_len, s.k_len);

@@ -109,9 +109,10 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const TileSeq& s
 
 // The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
 // heads·batch; m_block = m_blocks) or one past its sequence's rows (varlen).
-template <class Tile, bool kCausal>
+template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const TileSeq& s) {
-  return tc.m_block * Tile::kBlockM < s.q_len ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
+  const bool rows = kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
+  return rows ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------

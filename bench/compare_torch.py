@@ -190,8 +190,20 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 256, 512, 4, 2, 128, {"wl": 64, "wr": -1}),
     (torch.float16, 1, 256, 256, 4, 4, 64, {"softcap": 30.0, "causal": True}),
     (torch.bfloat16, 1, 190, 190, 4, 4, 256, {"softcap": 5.0}),
+    # softcap on the Hopper backward (d128 kernel): causal Nq != Nk (masked rows), GQA, a small cap
+    (torch.float16, 2, 300, 420, 8, 2, 128, {"softcap": 20.0, "causal": True}),
+    (torch.bfloat16, 1, 513, 513, 4, 4, 128, {"softcap": 3.0, "mult": 4.0}),
     (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([17, 0, 130, 64], [40, 7, 0, 200]), "causal": True}),
     (torch.bfloat16, 1, 0, 0, 8, 2, 128, {"varlen": ([100, 1, 257], [100, 300, 64])}),
+    # varlen on the Hopper forward and backward (the backward: d64/d96/d128): sequences of several
+    # query blocks ending inside a warpgroup's rows (plain-store epilogue) and on block edges, empty
+    # entries, Nq != Nk per sequence, windows, softcap
+    (torch.bfloat16, 1, 0, 0, 8, 2, 64, {"varlen": ([700, 0, 128, 1000, 65], [700, 50, 0, 1333, 64]), "causal": True}),
+    (torch.float16, 1, 0, 0, 4, 4, 256, {"varlen": ([513, 64, 300], [200, 64, 901]), "causal": True}),
+    (torch.bfloat16, 1, 0, 0, 4, 4, 192, {"varlen": ([129, 777, 1], [640, 777, 300])}),
+    (torch.float16, 1, 0, 0, 8, 4, 96, {"varlen": ([1000, 300], [1000, 450]), "causal": True, "wl": 100}),
+    (torch.bfloat16, 1, 0, 0, 4, 4, 128, {"varlen": ([2048, 190, 33], [2048, 190, 2000]), "softcap": 20.0}),
+    (torch.bfloat16, 1, 0, 0, 4, 2, 128, {"varlen": ([513, 64, 300], [200, 64, 901]), "softcap": 20.0}),
     (torch.float16, 1, 500, 500, 4, 4, 128, {"mult": 10.0}),
     (torch.bfloat16, 1, 500, 500, 4, 4, 64, {"mult": 30.0, "causal": True}),
     (torch.float16, 1, 128, 64, 4, 4, 64, {"causal": True, "wl": 0}),

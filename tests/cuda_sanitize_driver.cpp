@@ -116,6 +116,7 @@ int main() {
   int fails = 0;
   for (int d : {32, 64, 96, 128, 192, 256}) fails += run(DType::f16, d, d % 64 == 0, Algorithm::flash, false);
   fails += run(DType::bf16, 128, true, Algorithm::flash, true);
+  for (int d : {64, 256}) fails += run(DType::f16, d, d == 64, Algorithm::flash, true, false);  // Hopper varlen
   fails += run(DType::bf16, 192, false, Algorithm::flash, false);
   // Sliding-window causal and softcap (the Hopper forward's window and tanh paths), one tile shape each.
   for (int d : {64, 128, 192, 256}) fails += run(DType::bf16, d, true, Algorithm::flash, false, true, 4, 37, d == 128 ? 0.f : 30.f);
@@ -128,6 +129,10 @@ int main() {
   fails += run(DType::f16, 64, true, Algorithm::flash, false, false, 4, 30);
   fails += run(DType::bf16, 256, true, Algorithm::flash, false, false, 4, 37);
   for (int d : {64, 128, 256}) fails += run(DType::bf16, d, d != 64, Algorithm::flash, false, false);
+  for (bool c : {false, true}) fails += run(DType::f16, 96, c, Algorithm::flash, false, false);  // Hopper bwd, d96 on d128
+  for (bool c : {false, true}) fails += run(DType::bf16, 192, c, Algorithm::flash, false, false);  // d192 on d256
+  fails += run(DType::bf16, 128, true, Algorithm::flash, false, false, 4, -1, 30.f);  // Hopper bwd softcap
+  for (int d : {64, 128}) fails += run(DType::f16, d, d == 128, Algorithm::flash, true, false);  // Hopper bwd varlen
   for (int d : {64, 128}) fails += run(DType::bf16, d, true, Algorithm::flash, false, false, 160);
   fails += run(DType::bf16, 64, false, Algorithm::standard, false);
   fails += run(DType::f16, 64, true, Algorithm::standard, true);

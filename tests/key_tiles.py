@@ -9,7 +9,9 @@ Forward (mainloop.cuh key_range, Consumer::run's needs_mask, softmax.cuh Fragmen
     exists (rows < Nq);
   - the mask keeps exactly the visible keys of every row;
   - an unbounded right side clamped to Nq means the same keys as none;
-  - a block has no key tile exactly when (m + 1)·bm + diag + wr <= 0 (set_schedule's rule).
+  - a block has no key tile exactly when (m + 1)·bm + diag + wr <= 0 (set_schedule's rule);
+  - the first key tile's exponentials skipped per warp (Consumer::run, FragmentSoftmax::step<true>:
+    column blocks from 8·live on) hold no key visible to any row of the warp.
 Backward (kernel_bwd.cuh query_range, step_needs_mask, StepMask; both backward kernels):
   - every query that sees a key of the key tile lies in the tile's query tiles [m_begin, m_end);
   - a step without the mask is visible for every existing (query, key) pair; the mask is exact.
@@ -64,6 +66,15 @@ def mask_keeps(i, j, nq, nk, wl, wr):
     return True
 
 
+def live_blocks(m, wg, w, n, bm, bn, nq, nk, wr):
+    """mainloop.cuh Consumer::run's prologue: the column blocks of key tile n warp w of warpgroup
+    wg computes (the rest are masked for all 16 of its rows)."""
+    warp_last_row = m * bm + 64 * wg + 16 * w + 15
+    last_key = min(nk - 1, warp_last_row + nk - nq + wr)
+    live_cols = last_key - n * bn + 1
+    return 0 if live_cols <= 0 else min(bn // 8, (live_cols + 7) // 8)
+
+
 def check(nq, nk, wl_in, wr_in, bm, bn):
     fails = 0
     wl, wr = clamp(nq, nk, wl_in, wr_in)
@@ -87,6 +98,16 @@ def check(nq, nk, wl_in, wr_in, bm, bn):
                 if begin <= j // bn < end and mask_keeps(i, j, nq, nk, wl, wr) != vis:
                     print(f"mask wrong: nq={nq} nk={nk} w=({wl_in},{wr_in}) i={i} j={j}")
                     return 1
+        if end > begin:  # the first key tile (n = end - 1): skipped exponentials
+            n = end - 1
+            for wg in range(bm // 64):
+                for w in range(4):
+                    live = live_blocks(m, wg, w, n, bm, bn, nq, nk, wr)
+                    for i in range(m * bm + 64 * wg + 16 * w, min(m * bm + 64 * wg + 16 * w + 16, nq)):
+                        for j in range(n * bn + 8 * live, min((n + 1) * bn, nk)):
+                            if visible(i, j, nq, nk, wl_in, wr_in):
+                                print(f"skipped a visible key: nq={nq} nk={nk} w=({wl_in},{wr_in}) bm={bm} bn={bn} m={m} i={i} j={j} live={live}")
+                                return 1
         for n in range(begin, end):
             if not needs_mask(n, m, bm, bn, nq, nk, wl, wr):
                 for i in rows:

@@ -5,17 +5,19 @@
 // TMA uses (16-byte slot j of row i at slot j ^ (i % 8), §2), into its own rows of sO (= sQ for
 // d256, whose last Q·Kᵀ has completed), then one thread stores them with D/64 boxes of
 // (64 rows × 64 columns). The
-// TMA store skips rows past seqlen_q, so partial tiles need no checks here.
+// TMA store skips rows past seqlen_q, so partial tiles need no checks here. With varlen the rows
+// past a sequence are the next sequence's: a warpgroup whose rows end inside its sequence copies
+// them from sO with plain 16-byte stores instead, clipped at the sequence's end.
 #pragma once
 
 #include "cuda/sm90/mainloop.cuh"
 
 namespace flashattn::cuda::sm90 {
 
-template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen>
 __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
                                          Consumer<Tile, kF16, kCausal, kHeadDim>& c, int wg, int m_block,
-                                         int head, int batch) {
+                                         int head, const TileSeq& s) {
   constexpr int kORegs = kHeadDim / 2;
   const int t = threadIdx.x % 128, lane = t % 32;
   c.softmax.finalize();
@@ -35,27 +37,48 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   }
   ptx::fence_proxy_async();             // generic smem writes -> TMA (async proxy) reads
   ptx::named_bar_sync(1 + wg, 128);     // this warpgroup only
-  const int row_start = m_block * Tile::kBlockM + 64 * wg;
-  if (t == 0 && row_start < a.seqlen_q) {
+  const int row_start = m_block * Tile::kBlockM + 64 * wg;  // in the sequence
+  // TMA store: without varlen, or rows that all lie inside the sequence.
+  const bool tma = !kVarlen || row_start + 64 <= s.q_len;
+  if (t == 0 && row_start < s.q_len && tma) {
+    const int row = s.q_start + row_start;
 #pragma unroll
     for (int chunk = 0; chunk < Tile::kChunks; ++chunk)
       if (kHeadDim == 128 && a.x_chunks)  // head_dim 96: the columns past 96 are not stored
-        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 64 * chunk, row_start, 0, head, batch);
+        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 64 * chunk, row, 0, head, s.batch);
       else
-        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 0, row_start, chunk, head, batch);
+        ptx::tma_store_5d(&a.tm_o, s_rows + chunk * Tile::kBlockM * 128, 0, row, chunk, head, s.batch);
     ptx::tma_store_commit();
+  }
+  // Varlen, the sequence's last rows: 16-byte slots from sO. sO is next written by this warpgroup
+  // after the next tile's first turn barrier (or the no-key tile's barrier), which every thread
+  // reaches after these reads; where O is staged in sQ the kernel syncs the warpgroup before
+  // releasing sQ (kernel_fwd.cuh). (A barrier here, conditional, made the d64/192-row and d256
+  // consumers spill.)
+  if (kVarlen && !tma && row_start < s.q_len) {
+    constexpr int kSlots = kHeadDim / 8;  // per row
+    const int cols = a.x_chunks ? 96 : kHeadDim;
+    uint16_t* o = static_cast<uint16_t*>(a.o) + (s.q_start + row_start) * a.o_row_stride + head * a.o_head_stride;
+#pragma unroll
+    for (int k = 0; k < 64 * kSlots / 128; ++k) {
+      const int i = t + 128 * k, row = i / kSlots, slot = i % kSlots, chunk = slot / 8;
+      if (row_start + row < s.q_len && 8 * slot < cols) {
+        const uint4 v = ptx::ld_shared_v4(s_base + chunk * Tile::kBlockM * 128 + row * 128 + ((slot % 8) ^ (row % 8)) * 16);
+        *reinterpret_cast<uint4*>(o + row * a.o_row_stride + 8 * slot) = v;
+      }
+    }
   }
 
   if (a.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_start + 16 * (t / 32) + lane / 4 + 8 * h;
-      if (row < a.seqlen_q)
-        a.lse[batch * a.lse_batch_stride + head * a.lse_head_stride + row * a.lse_row_stride] =
+      if (row < s.q_len)
+        a.lse[s.batch * a.lse_batch_stride + head * a.lse_head_stride + (s.q_start + row) * a.lse_row_stride] =
             c.softmax.state[h].lse();
     }
   }
-  if (t == 0 && row_start < a.seqlen_q) ptx::tma_store_wait_read();  // smem must outlive the reads
+  if (t == 0 && row_start < s.q_len && tma) ptx::tma_store_wait_read();  // smem must outlive the reads
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -81,16 +81,38 @@ struct Smem {
   }
 };
 
+// The sequence of a work tile: its first query and key row in the tensors and its lengths. Without
+// varlen the whole tensors of its batch entry; with varlen (BwdArgs::cu_seqlens_q, the d64/d128
+// kernel only: kVarlen) rows of the packed tensors, whose maps have batch extent 1 (tma_batch 0).
+// The statistics and the dQ accumulator stay per sequence, (batch, heads, m_pad).
+struct BwdSeq {
+  int q_start, k_start, q_len, k_len, tma_batch;
+};
+// Loaded where used, with loads the compiler keeps there (the consumers: at the tile's start and
+// again for the dK/dV store, so only the lengths stay in registers across the steps; holding the
+// rest, the d128 causal consumer spilled).
+template <bool kVarlen>
+__device__ __forceinline__ BwdSeq bwd_seq(const BwdArgs& a, int b) {
+  if (!kVarlen || a.cu_seqlens_q == nullptr) return {0, 0, a.seqlen_q, a.seqlen_k, b};
+  const int q0 = ptx::ld_global_nc_reload(a.cu_seqlens_q + b), k0 = ptx::ld_global_nc_reload(a.cu_seqlens_k + b);
+  return {q0, k0, ptx::ld_global_nc_reload(a.cu_seqlens_q + b + 1) - q0,
+          ptx::ld_global_nc_reload(a.cu_seqlens_k + b + 1) - k0, 0};
+}
+
 // The query tiles [m_begin, m_end) that see any key of key tile n. Bottom-right alignment: in the
 // causal kernels query i sees key j iff i + diag − window_left <= j <= i + diag + window_right,
-// diag = seqlen_k − seqlen_q (window_right >= 0, 0 = causal; window_left −1 = none; sm90.hpp).
-// tests/key_tiles.py checks the ranges and masks against that rule.
-template <class Tile, bool kCausal>
-__device__ __forceinline__ void query_range(const BwdArgs& a, int n_block, int& m_begin, int& m_end) {
+// diag = k_len − q_len per sequence (window_right >= 0, 0 = causal; window_left −1 = none;
+// sm90.hpp). tests/key_tiles.py checks the ranges and masks against that rule.
+template <class Tile, bool kCausal, bool kVarlen>
+__device__ __forceinline__ void query_range(const BwdArgs& a, const BwdSeq& s, int n_block, int& m_begin, int& m_end) {
   m_begin = 0;
   m_end = a.m_blocks;
+  if (kVarlen && a.cu_seqlens_q != nullptr) {  // the sequence's query tiles; none past its keys
+    m_end = (s.q_len + Tile::kBlockM - 1) / Tile::kBlockM;
+    if (n_block * Tile::kBlockN >= s.k_len) m_end = 0;
+  }
   if (!kCausal) return;
-  const int diag = a.seqlen_k - a.seqlen_q;
+  const int diag = s.k_len - s.q_len;
   const int first_query = n_block * Tile::kBlockN - diag - a.window_right;  // of the tile's first key
   m_begin = first_query <= 0 ? 0 : first_query / Tile::kBlockM;
   if (a.window_left >= 0) {
@@ -102,9 +124,9 @@ __device__ __forceinline__ void query_range(const BwdArgs& a, int n_block, int& 
 // Does step (key tile n, query tile from row q0) need the element mask: keys past seqlen_k, or a
 // key outside some row's window.
 template <class Tile, bool kCausal>
-__device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, int n_block, int q0) {
-  const int diag = a.seqlen_k - a.seqlen_q;
-  return (n_block + 1) * Tile::kBlockN > a.seqlen_k ||
+__device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, const BwdSeq& s, int n_block, int q0) {
+  const int diag = s.k_len - s.q_len;
+  return (n_block + 1) * Tile::kBlockN > s.k_len ||
          (kCausal && ((n_block + 1) * Tile::kBlockN - 1 > q0 + diag + a.window_right ||
                       (a.window_left >= 0 && n_block * Tile::kBlockN < q0 + Tile::kBlockM - 1 + diag - a.window_left)));
 }
@@ -123,21 +145,21 @@ struct StepMask {
     return (c < lo[h]) | (c > hi[h]);
   }
   template <int kRegs>
-  __device__ __forceinline__ void apply(float (&p)[kRegs]) const {
+  __device__ __forceinline__ void apply(float (&p)[kRegs], float hidden = 0.f) const {
 #pragma unroll
     for (int r = 0; r < kRegs; ++r)
-      if (hides(r)) p[r] = 0.f;
+      if (hides(r)) p[r] = hidden;
   }
 };
 template <bool kCausal>
-__device__ __forceinline__ StepMask step_mask(const BwdArgs& a, int key_row0, int first_query) {
-  const int diag = a.seqlen_k - a.seqlen_q;
+__device__ __forceinline__ StepMask step_mask(const BwdArgs& a, const BwdSeq& s, int key_row0, int first_query) {
+  const int diag = s.k_len - s.q_len;
   constexpr int kPast = 1 << 30;
   StepMask m;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_row0 + 8 * h;  // query i sees it iff key − diag − wr <= i (<= key − diag + wl)
-    m.lo[h] = key >= a.seqlen_k ? kPast : kCausal ? key - diag - a.window_right - first_query : 0;
+    m.lo[h] = key >= s.k_len ? kPast : kCausal ? key - diag - a.window_right - first_query : 0;
     m.hi[h] = kCausal && a.window_left >= 0 ? key - diag + a.window_left - first_query : kPast;
   }
   return m;
@@ -157,15 +179,17 @@ __device__ __forceinline__ long long stat_row(const BwdArgs& a, int batch, int h
 struct BwdTileCoord {
   int n_block, head_kv, batch;
   int m_begin, m_count, steps;  // query tiles of the tile; steps = m_count · group
+  BwdSeq seq;
 };
-template <class Tile, bool kCausal>
+template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   BwdTileCoord c;
   c.n_block = idx % a.n_blocks;
   c.head_kv = (idx / a.n_blocks) % a.heads_kv;
   c.batch = idx / (a.n_blocks * a.heads_kv);
+  c.seq = bwd_seq<kVarlen>(a, c.batch);
   int m_end;
-  query_range<Tile, kCausal>(a, c.n_block, c.m_begin, m_end);
+  query_range<Tile, kCausal, kVarlen>(a, c.seq, c.n_block, c.m_begin, m_end);
   c.m_count = m_end > c.m_begin ? m_end - c.m_begin : 0;
   c.steps = c.m_count * a.group;  // (head of the group, query tile) pairs, head-major
   return c;
@@ -173,17 +197,20 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
 
 // Epilogue of both backward kernels: this warpgroup's dV and scale·dK straight from the
 // accumulators to the caller's tensors — key rows key_row0 and key_row0 + 8 (keys past seqlen_k
-// are not written), head-dim columns col0 + acc_col.
-template <bool kF16, int kRegs>
-__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, int batch, int head_kv, int col0, int key_row0,
+// are not written), head-dim columns col0 + acc_col; with kClip (the d128 kernel, which also runs
+// head_dim 96) only those below BwdArgs::cols.
+template <bool kF16, bool kClip, int kRegs>
+__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, const BwdSeq& s, int head_kv, int col0, int key_row0,
                                             const float (&acc_dk)[kRegs], const float (&acc_dv)[kRegs], int t) {
   using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
-  T* dk = static_cast<T*>(a.dk) + batch * a.dk_batch_stride + head_kv * a.dk_head_stride + col0;
-  T* dv = static_cast<T*>(a.dv) + batch * a.dv_batch_stride + head_kv * a.dv_head_stride + col0;
+  T* dk = static_cast<T*>(a.dk) + s.tma_batch * a.dk_batch_stride + s.k_start * a.dk_row_stride +
+          head_kv * a.dk_head_stride + col0;
+  T* dv = static_cast<T*>(a.dv) + s.tma_batch * a.dv_batch_stride + s.k_start * a.dv_row_stride +
+          head_kv * a.dv_head_stride + col0;
 #pragma unroll
   for (int r = 0; r < kRegs; r += 2) {
     const int key = key_row0 + 8 * ((r >> 1) & 1), col = acc_col(t, r);
-    if (key < a.seqlen_k) {
+    if (key < s.k_len && (!kClip || col0 + col < a.cols)) {  // cols, col even: both columns or neither
       *reinterpret_cast<uint32_t*>(dv + key * a.dv_row_stride + col) = pack2<kF16>(acc_dv[r], acc_dv[r + 1]);
       *reinterpret_cast<uint32_t*>(dk + key * a.dk_row_stride + col) =
           pack2<kF16>(acc_dk[r] * a.scale, acc_dk[r + 1] * a.scale);
@@ -209,18 +236,20 @@ __device__ __forceinline__ void bwd_prologue(const BwdArgs& a, Sm& sm) {
 // both consumer warpgroups released the previous tile's: a fresh barrier passes), then
 // load_step(it, head, m, batch) for each (query head of the group, query tile) step, head-major,
 // it counting the steps over the CTA's life (the ring positions continue across tiles), each
-// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch).
-template <class Tile, bool kCausal, class Sm, class LoadStep>
+// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch). kKVTxBytes: the
+// bytes K and V bring together (head_dim 192 on the d256 kernel loads 3 of the 4 chunks).
+template <class Tile, bool kCausal, bool kVarlen, int kKVTxBytes = 2 * Tile::kKVBytes, class Sm, class LoadStep>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep load_step) {
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
   int it = 0, kv_loads = 0;
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal, kVarlen>(a, int(idx));
     if (tc.steps == 0) continue;
     ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
-    ptx::mbar_arrive_expect_tx(sm.full_kv, 2 * Tile::kKVBytes);
-    ptx::tma_load_5d(sm.k, &a.tm_k, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
-    ptx::tma_load_5d(sm.v, &a.tm_v, sm.full_kv, 0, tc.n_block * Tile::kBlockN, 0, tc.head_kv, tc.batch);
+    ptx::mbar_arrive_expect_tx(sm.full_kv, kKVTxBytes);
+    const int key_row = tc.seq.k_start + tc.n_block * Tile::kBlockN;
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k, &a.tm_k, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v, &a.tm_v, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
     for (int st = 0; st < tc.steps; ++st, ++it) {
       const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
@@ -230,12 +259,12 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
         ptx::bulk_prefetch_l2(a.lse_log2 + row, Tile::kBlockM * 4);
         ptx::bulk_prefetch_l2(a.dsum + row, Tile::kBlockM * 4);
       }
-      load_step(it, head, m, tc.batch);
+      load_step(it, head, tc.seq.q_start + m * Tile::kBlockM, tc.seq.tma_batch);  // the step's first query row
     }
   }
 }
 
-template <int kHeadDim, bool kF16, bool kCausal>
+template <int kHeadDim, bool kF16, bool kCausal, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<kHeadDim>;
   constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
@@ -249,12 +278,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
     if (threadIdx.x == 0)
-      bwd_produce<Tile, kCausal>(a, sm, [&](int it, int head, int m, int batch) {
+      bwd_produce<Tile, kCausal, true>(a, sm, [&](int it, int head, int row, int batch) {
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty + stage, ((it / Tile::kStages) & 1) ^ 1);
         ptx::mbar_arrive_expect_tx(sm.full + stage, 2 * Tile::kQBytes);
-        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, 0, m * kBlockM, 0, head, batch);
-        ptx::tma_load_5d(sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, row, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, row, head, batch);
       });
     return;
   }
@@ -274,9 +303,17 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   // reductions per dQ block, and at d128 a 64-register m64n128 accumulator that made ptxas
   // serialize the wgmmas; d64's former 64-query step did that and ran 6–24 % slower: perf-log.)
   constexpr bool kSplitQueries = kHeadDim == 64;
+  // Softcap, s = cap·tanh(x·scale/cap) of the raw score x: P from the capped score, and dS scaled
+  // by ds/dx / scale = 1 − tanh² (the scale itself is applied to dK and dQ at the end, as without
+  // a softcap). The d128 kernel only: tanh stays in the Sᵀ registers and P goes straight to its
+  // 16-bit A operand, so no register is added (at d64, 128-query steps, the consumer has none).
+  // Its own instantiation (launch_bwd), so the kernel without a softcap is the one it was before
+  // (as a run-time branch, the softcap's code was in it: docs/perf-log.md, session 9). The bf16
+  // instance spills 8 bytes (2 registers, stored and reloaded once per query step).
+  static_assert(!kSoftcap || kHeadDim == 128, "softcap: the d128 kernel only");
   int it = 0, kv_loads = 0;  // as on the producer side
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal, true>(a, int(idx));
     const int n_block = tc.n_block, head_kv = tc.head_kv, batch = tc.batch;
     const int m_begin = tc.m_begin, m_count = tc.m_count, steps = tc.steps;
     float acc_dv[kDRegs], acc_dk[kDRegs];
@@ -317,23 +354,48 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       ptx::wgmma_wait<1>();
       ptx::fence_operand(acc_s);
       const int q0 = m * kBlockM;
-      const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
+      // The sequence's lengths, loaded per step (varlen; else constants): held across the steps,
+      // the d128 causal consumer spilled.
+      const BwdSeq seq = bwd_seq<true>(a, batch);
+      const bool need_mask = step_needs_mask<Tile, kCausal>(a, seq, n_block, q0);
+      uint32_t p_a[kMSteps][4];
+      if constexpr (kSoftcap) {
+        // acc_s becomes tanh(x·scale/cap) (for dS below), hidden keys 2 (tanh never is: P = 0
+        // there, and dS = 0 whatever 1 − tanh² reads); P goes pairwise into p_a (registers r, r + 1:
+        // one row half, two neighbouring queries; fragment.cuh acc_to_a). The mask as a pass: inside
+        // the loop the causal instances spilled.
 #pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 l2 = lse2[j];
-#pragma unroll
-        for (int r = 4 * j; r < 4 * j + 4; ++r) {
-          const float row_lse = (r & 1) ? l2.y : l2.x;
-          acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+        for (int r = 0; r < kSRegs; ++r) {
+          const float e = ptx::ex2(acc_s[r] * (a.softcap_scale * 2.8853900817779268f));  // 2^(2u·log2 e)
+          acc_s[r] = 1.f - __fdividef(2.f, e + 1.f);  // tanh u, as the forward (softmax.cuh)
         }
+        if (need_mask) step_mask<kCausal>(a, seq, key_row0, q0 + 2 * (lane % 4)).apply(acc_s, 2.f);
+#pragma unroll
+        for (int r = 0; r < kSRegs; r += 2) {
+          const float2 l2 = lse2[r / 4];
+          float p[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            p[i] = acc_s[r + i] > 1.5f ? 0.f : ptx::ex2(fmaf(acc_s[r + i], a.scale_log2, -(i ? l2.y : l2.x)));
+          p_a[r / 8][(r % 8) / 2] = pack2<kF16>(p[0], p[1]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+          const float2 l2 = lse2[j];
+#pragma unroll
+          for (int r = 4 * j; r < 4 * j + 4; ++r) {
+            const float row_lse = (r & 1) ? l2.y : l2.x;
+            acc_s[r] = ptx::ex2(fmaf(acc_s[r], a.scale_log2, -row_lse));
+          }
+        }
+        if (need_mask) step_mask<kCausal>(a, seq, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
       }
-      if (need_mask) step_mask<kCausal>(a, key_row0, q0 + 2 * (lane % 4)).apply(acc_s);
       // D is loaded once the LSE registers are free (fewer live registers across the Sᵀ wait).
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j)
         dsum2[j] = __ldg(reinterpret_cast<const float2*>(a.dsum + srow + 8 * j + 2 * (lane % 4)));
-      uint32_t p_a[kMSteps][4];
-      acc_to_a<kF16>(acc_s, p_a);
+      if constexpr (!kSoftcap) acc_to_a<kF16>(acc_s, p_a);
 
       // dV += Pᵀ·dO (dO MN-major: LBO = distance between 64-column chunks, SBO = 8 rows, +16 rows per
       // step), issued right away to run while dSᵀ is computed.
@@ -352,11 +414,13 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 #pragma unroll
         for (int r = 4 * j; r < 4 * j + 4; ++r) {
           float p = acc_s[r];
-          if constexpr (kSplitQueries) {
+          if constexpr (kSplitQueries || kSoftcap) {  // P from its 16-bit copy (with softcap acc_s holds tanh)
             const float2 p2 = unpack2<kF16>(p_a[r / 8][(r % 8) / 2]);
             p = (r & 1) ? p2.y : p2.x;
           }
-          acc_dp[r] = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+          float ds = p * (acc_dp[r] - ((r & 1) ? d2.y : d2.x));
+          if constexpr (kSoftcap) ds *= 1.f - acc_s[r] * acc_s[r];
+          acc_dp[r] = ds;
         }
       }
       uint32_t ds_a[kMSteps][4];
@@ -431,7 +495,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
     if (steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
-    store_dk_dv<kF16>(a, batch, head_kv, 0, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, kHeadDim == 128>(a, bwd_seq<true>(a, batch), head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 }
@@ -443,20 +507,24 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
 namespace flashattn::cuda::sm90 {
 
+// kHeadDim 192 runs the d256 kernel with its fourth column chunk zero (kernel_bwd_wide.cuh, kCols).
 template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_bwd(const BwdArgs& a, cudaStream_t stream) {
-  using Tile = BwdTile<kHeadDim>;
-  constexpr bool kWide = kHeadDim == 256;
-  auto kernel = [] {
-    if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal>;
-    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal>;
+  constexpr bool kWide = kHeadDim >= 192;
+  using Tile = BwdTile<kWide ? 256 : kHeadDim>;
+  const bool softcap = kHeadDim == 128 && a.softcap_scale > 0.f;  // the d128 kernel's softcap instance
+  auto kernel = [softcap] {
+    if constexpr (kWide) return bwd::bwd_wide_kernel<kF16, kCausal, kHeadDim>;
+    else if constexpr (kHeadDim == 128)
+      return softcap ? bwd::bwd_kernel<128, kF16, kCausal, true> : bwd::bwd_kernel<128, kF16, kCausal, false>;
+    else return bwd::bwd_kernel<kHeadDim, kF16, kCausal, false>;
   }();
   constexpr int smem = [] {
     if constexpr (kWide) return bwd::WideSmem::kBytes;
     else return bwd::Smem<Tile>::kBytes;
   }();
-  static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
-  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
+  static std::atomic<uint64_t> smem_set[2];  // devices each kernel's attribute is set on (static: zeroed)
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[softcap]);
   if (e != cudaSuccess) return e;
   kernel<<<a.grid, Tile::kThreads, smem, stream>>>(a);
   return cudaGetLastError();

@@ -68,28 +68,43 @@ struct WideSmem {
   }
 };
 
-template <bool kF16, bool kCausal>
+// kCols: the tensors' head dim, 256, or 192 — then the maps' boxes hold 3 column chunks, every
+// tile's fourth chunk is zeroed once at the start and never loaded, so it adds nothing to the
+// GEMMs and gives dK, dV, dQ zero columns 192–255, which are not stored.
+template <bool kF16, bool kCausal, int kCols = 256>
 __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(const __grid_constant__ BwdArgs a) {
   using Tile = BwdTile<256>;
+  static_assert(kCols == 256 || kCols == 192, "the d256 kernel runs head dims 256 and 192");
   constexpr int kHeadDim = 256, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  constexpr int kQTxBytes = Tile::kQBytes / 256 * kCols;  // one Q or dO tile as loaded
   extern __shared__ uint8_t smem_raw[];
   WideSmem sm = WideSmem::carve(smem_raw);
   const int wg = threadIdx.x / 128;
   const int tiles = a.n_blocks * a.heads_kv * a.batch;
 
+  if constexpr (kCols < 256) {  // zero the fourth chunk of K, V, the Q stages and dO (64 rows each)
+    constexpr int kChunkBytes = 64 * 128, kChunk = 3 * kChunkBytes;
+    uint8_t* const bufs[] = {sm.k + kChunk, sm.v + kChunk, sm.q + kChunk, sm.q + Tile::kQBytes + kChunk, sm.dO + kChunk};
+    static_assert(Tile::kBlockN == 64 && Tile::kBlockM == 64 && Tile::kStages == 2, "chunk layout of BwdTile<256>");
+#pragma unroll
+    for (int b = 0; b < 5; ++b)
+      for (int i = threadIdx.x * 16; i < kChunkBytes; i += Tile::kThreads * 16)
+        *reinterpret_cast<uint4*>(bufs[b] + i) = make_uint4(0, 0, 0, 0);
+    ptx::fence_proxy_async();  // generic writes -> the wgmma (async proxy) reads; ordered by bwd_prologue's barrier
+  }
   bwd_prologue(a, sm);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
     if (threadIdx.x == 0)
-      bwd_produce<Tile, kCausal>(a, sm, [&](int it, int head, int m, int batch) {
+      bwd_produce<Tile, kCausal, false, 2 * Tile::kKVBytes / 256 * kCols>(a, sm, [&](int it, int head, int row, int batch) {
         const int stage = it % Tile::kStages;
         ptx::mbar_wait(sm.empty_q + stage, ((it / Tile::kStages) & 1) ^ 1);
-        ptx::mbar_arrive_expect_tx(sm.full_q + stage, Tile::kQBytes);
-        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, m * kBlockM, 0, head, batch);
+        ptx::mbar_arrive_expect_tx(sm.full_q + stage, kQTxBytes);
+        ptx::tma_load_5d(sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full_q + stage, 0, row, 0, head, batch);
         ptx::mbar_wait(sm.empty_do, (it & 1) ^ 1);  // released mid-step, after both dV GEMMs
-        ptx::mbar_arrive_expect_tx(sm.full_do, Tile::kQBytes);
-        ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, m * kBlockM, 0, head, batch);
+        ptx::mbar_arrive_expect_tx(sm.full_do, kQTxBytes);
+        ptx::tma_load_5d(sm.dO, &a.tm_do, sm.full_do, 0, row, 0, head, batch);
       });
     return;
   }
@@ -109,7 +124,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
 
   int it = 0, kv_loads = 0;
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-    const BwdTileCoord tc = bwd_tile<Tile, kCausal>(a, int(idx));
+    const BwdTileCoord tc = bwd_tile<Tile, kCausal, false>(a, int(idx));
     const int n_block = tc.n_block, head_kv = tc.head_kv, batch = tc.batch;
     float acc_dv[64], acc_dk[64];  // columns 128g .. 128g + 127
 #pragma unroll
@@ -155,7 +170,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       };
       if (g == 0) {
         const int q0 = m * kBlockM;
-        const bool need_mask = step_needs_mask<Tile, kCausal>(a, n_block, q0);
+        const bool need_mask = step_needs_mask<Tile, kCausal>(a, tc.seq, n_block, q0);
 #pragma unroll
         for (int r = 0; r < 32; ++r) {
           const float lse = (r & 1) ? stat[r >> 2].y : stat[r >> 2].x;
@@ -248,7 +263,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
     if (tc.steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
     // Epilogue: dV and scale·dK, columns 128g.., straight from the accumulators.
-    store_dk_dv<kF16>(a, batch, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, (kCols < 256)>(a, tc.seq, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();
 }

@@ -15,7 +15,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
+template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal, bool kVarlen>
 __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdArgs a) {
   using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     if (threadIdx.x == 0)
       for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
         const TileCoord tc = Sched::coord(a, idx);
-        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, tc.batch, tile_keys<Tile, kCausal>(a, tc));
+        const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
+        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
@@ -49,7 +50,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     // the instructions of a short tile: session 7, ncu).
     int last_work = -1;
     for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
-      if (a.every_tile_has_keys || tile_keys<Tile, kCausal>(a, Sched::coord(a, idx)).count() > 0) last_work = idx;
+      if (a.every_tile_has_keys || tile_keys<Tile, kCausal, kVarlen>(a, Sched::coord(a, idx),
+                                                                       tile_seq<kVarlen>(a, Sched::coord(a, idx).batch)).count() > 0)
+        last_work = idx;
     bool first_work = true;
     for (int idx = Sched::first(a), next_idx = 0; Sched::valid(a, idx); idx = next_idx) {
       // The causal chains take next() here, where few registers are live (taken after run(), the
@@ -57,18 +60,21 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // 2–3 %, session 7).
       if (kCausal) next_idx = Sched::next(a, idx);
       const TileCoord tc = Sched::coord(a, idx);
-      const KeyTiles keys = tile_keys<Tile, kCausal>(a, tc);
+      const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
+      const KeyTiles keys = tile_keys<Tile, kCausal, kVarlen>(a, tc, s);
       const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
-      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work);
+      c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work, s.q_len, s.k_len);
       if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
       // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
       if (n_blocks == 0) ptx::named_bar_sync(1 + (wg - 1), 128);
-      epilogue<Tile, kF16, kCausal, kHeadDim>(a, sm, c, wg - 1, tc.m_block, tc.head, tc.batch);
+      epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen>(a, sm, c, wg - 1, tc.m_block, tc.head, tile_seq<kVarlen>(a, tc.batch));
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
-      // now, after thread 0's wait for the store's smem reads.
+      // now, after thread 0's wait for the TMA store's smem reads and (O in sQ) every thread's
+      // reads of the varlen epilogue's plain stores.
+      if (kVarlen && !Tile::kSeparateO) ptx::named_bar_sync(1 + (wg - 1), 128);
       if ((!Tile::kSeparateO || n_blocks == 0) && threadIdx.x % 128 == 0) ptx::mbar_arrive(sm.empty_q);
       if (!kCausal) next_idx = Sched::next(a, idx);
     }
@@ -79,10 +85,14 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
 template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
 cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
-  auto kernel = fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal>;
+  // Varlen is the kernel's own instance: its per-sequence rows and clipped stores cost the
+  // kernel without them 1–3 % at d64 causal (docs/perf-log.md, session 9).
+  const bool varlen = args.cu_seqlens_q != nullptr;
+  auto kernel = varlen ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true>
+                       : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false>;
   constexpr int smem = Smem<Tile>::kBytes;
-  static std::atomic<uint64_t> smem_set{0};  // devices this instantiation's attribute is set on
-  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set);
+  static std::atomic<uint64_t> smem_set[2];  // devices each kernel's attribute is set on (static: zeroed)
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[varlen]);
   if (e != cudaSuccess) return e;
   int dev = 0, sms = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;

@@ -72,6 +72,15 @@ struct FwdArgs {
   // window_right >= 0 (0 = causal; an unbounded right side comes as seqlen_q: sm90.hpp).
   int window_left, window_right;
   float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
+  // Varlen (both set, else null; device pointers): sequence b is rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) of the packed tensors (the maps' batch extent 1); m_blocks counts the
+  // longest sequence's query tiles (mainloop.cuh, TileSeq). The epilogue stores a warpgroup's rows
+  // that end inside the sequence with plain stores through o (the TMA store's box would write
+  // into the next sequence's rows).
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  void* o;
+  long long o_row_stride, o_head_stride;  // elements
   int x_chunks;  // 1 for head_dim 96 (on the d128 kernels): the maps hold the row's 96 elements as
                  // dimension 0, each 64-column chunk its own TMA load/store at x = 64·c (sm90.cu, make_map)
 };
@@ -98,6 +107,18 @@ struct BwdArgs {
   float scale_log2;                      // scale · log2(e)
   float scale;
   int flags;                             // BwdFlags
+  // head_dim 96 on the d128 kernel: maps as FwdArgs::x_chunks (one TMA load per 64-column chunk,
+  // columns 96–127 read as zeros, so they add nothing and their dK, dV, dQ are zero), and dK/dV
+  // stored up to cols = 96 (the tensors' head dim; the kernel's otherwise).
+  int x_chunks, cols;
+  // Softcap (the d128 kernel only, kernel_bwd.cuh): scale / cap, 0 = none; scale_log2 is then
+  // cap · log2(e) as in the forward.
+  float softcap_scale;
+  // Varlen (the d64/d128 kernel; both set, else null): sequence b is rows [cu_seqlens_q[b],
+  // cu_seqlens_q[b + 1]) of the packed tensors (maps of batch extent 1); n_blocks and m_blocks
+  // count the longest sequence's tiles, batch the sequences (kernel_bwd.cuh, BwdSeq).
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
 };
 
 // Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in sm90.cu;

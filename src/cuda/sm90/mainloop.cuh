@@ -70,18 +70,35 @@ struct Smem {
   }
 };
 
+// The sequence a tile belongs to: its first query and key row in the tensors, its lengths, and
+// the batch coordinate of the TMA maps. Without varlen the whole tensors of batch entry b; with
+// varlen (FwdArgs::cu_seqlens_q) rows of the packed tensors, batch coordinate 0. Loaded where it
+// is used (the consumers: before the main loop and again in the epilogue), so no register holds
+// it across the main loop (held there, the consumers spilled). kVarlen: the kernel's varlen
+// instance (kernel_fwd.cuh, launch_fwd_tile); the other one has no trace of varlen.
+struct TileSeq {
+  int q_start, k_start, q_len, k_len, batch;
+};
+template <bool kVarlen>
+__device__ __forceinline__ TileSeq tile_seq(const FwdArgs& a, int b) {
+  if constexpr (!kVarlen) return {0, 0, a.seqlen_q, a.seqlen_k, b};
+  const int q0 = ptx::ld_global_nc_reload(a.cu_seqlens_q + b), k0 = ptx::ld_global_nc_reload(a.cu_seqlens_k + b);
+  return {q0, k0, ptx::ld_global_nc_reload(a.cu_seqlens_q + b + 1) - q0,
+          ptx::ld_global_nc_reload(a.cu_seqlens_k + b + 1) - k0, 0};
+}
+
 // The key tiles [begin, end) the query block m_block needs (empty: every row fully masked). Row i
-// sees keys j < seqlen_k with, in the causal kernels, i + diag − window_left <= j <= i + diag +
-// window_right, diag = seqlen_k − seqlen_q (bottom-right aligned; window_left −1: unbounded;
-// window_right >= 0, clamped on the host: causal is window_right 0).
+// sees keys j < k_len with, in the causal kernels, i + diag − window_left <= j <= i + diag +
+// window_right, diag = k_len − q_len (bottom-right aligned per sequence; window_left −1:
+// unbounded; window_right >= 0, clamped on the host: causal is window_right 0).
 struct KeyTiles {
   int begin, end;  // end >= begin (key_range)
   __device__ int count() const { return end - begin; }
 };
 template <class Tile, bool kCausal>
-__device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
-  const int diag = a.seqlen_k - a.seqlen_q;
-  int end = a.seqlen_k, begin = 0;
+__device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const TileSeq& s, int m_block) {
+  const int diag = s.k_len - s.q_len;
+  int end = s.k_len, begin = 0;
   if (kCausal) {  // the window's right bound (0: causal) and an optional left one (tests/key_tiles.py)
     end = min(end, (m_block + 1) * Tile::kBlockM + diag + a.window_right);  // the last row's bound + 1
     if (a.window_left >= 0) begin = max(0, m_block * Tile::kBlockM + diag - a.window_left);
@@ -91,10 +108,11 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, int m_block) {
 }
 
 // The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
-// heads·batch).
-template <class Tile, bool kCausal>
-__device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc) {
-  return tc.m_block < a.m_blocks ? key_range<Tile, kCausal>(a, tc.m_block) : KeyTiles{0, 0};
+// heads·batch; m_block = m_blocks) or one past its sequence's rows (varlen).
+template <class Tile, bool kCausal, bool kVarlen>
+__device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const TileSeq& s) {
+  const bool rows = kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
+  return rows ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------
@@ -105,22 +123,9 @@ struct PipeState {
   int tiles = 0;    // tiles finished so far (empty_q parity)
 };
 
-// One tile (rows × D, chunk c at + c·rows·128) from a map: one box over every chunk, or with
-// FwdArgs::x_chunks (head_dim 96) one load per chunk at x = 64·c (zeros past the row's end).
-template <class Tile, int kRows>
-__device__ __forceinline__ void load_tile(const FwdArgs& a, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
-                                          int row, int head, int batch) {
-  if (Tile::kChunks == 2 && a.x_chunks) {  // only the d128 kernels run head_dim 96
-#pragma unroll
-    for (int c = 0; c < Tile::kChunks; ++c) ptx::tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
-  } else {
-    ptx::tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
-  }
-}
-
 template <class Tile>
 __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
-                                              int head, int batch, KeyTiles keys) {
+                                              int head, const TileSeq& s, KeyTiles keys) {
   const int n_blocks = keys.count();
   const int head_kv = head / a.group;
   const bool first_tile = ps.tiles == 0;
@@ -129,7 +134,10 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     ptx::mbar_wait(sm.empty_q, q_free_parity);  // keep the empty_q phases in step
     return;
   }
-  // Out-of-bounds rows of a box are zero-filled and still counted in the transaction bytes.
+  // Out-of-bounds rows of a box are zero-filled and still counted in the transaction bytes. With
+  // varlen a box's rows past the sequence are the next sequence's: keys masked (needs_mask), query
+  // rows not stored.
+  const int q_row = s.q_start + m_block * Tile::kBlockM, batch = s.batch;
   for (int it = 0; it < n_blocks; ++it) {
     const int n = keys.end - 1 - it;
     const int g = ps.kv_it + it;
@@ -139,23 +147,23 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     // tile's tail. The first tile loads Q first (nothing to overlap, Q is needed first).
     if (it == 0 && first_tile) {
       ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
-      load_tile<Tile, Tile::kBlockM>(a, sm.q, &a.tm_q, sm.full_q, m_block * Tile::kBlockM, head, batch);
+      ptx::tma_load_tile<Tile::kChunks, Tile::kBlockM>(a.x_chunks, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
     }
     ptx::mbar_wait(sm.empty_k + stage, phase ^ 1);  // fresh barrier: parity 1 passes at once
     ptx::mbar_arrive_expect_tx(sm.full_k + stage, Tile::kKVBytes);
-    load_tile<Tile, Tile::kBlockN>(a, sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, n * Tile::kBlockN,
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, s.k_start + n * Tile::kBlockN,
                                    head_kv, batch);
     if (it == 0) {
       ptx::mbar_wait(sm.empty_q, q_free_parity);  // the previous tile is done with sQ
       ++ps.q_loads;
       if (!first_tile) {
         ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
-        load_tile<Tile, Tile::kBlockM>(a, sm.q, &a.tm_q, sm.full_q, m_block * Tile::kBlockM, head, batch);
+        ptx::tma_load_tile<Tile::kChunks, Tile::kBlockM>(a.x_chunks, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
       }
     }
     ptx::mbar_wait(sm.empty_v + stage, phase ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full_v + stage, Tile::kKVBytes);
-    load_tile<Tile, Tile::kBlockN>(a, sm.v + stage * Tile::kKVBytes, &a.tm_v, sm.full_v + stage, n * Tile::kBlockN,
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v + stage * Tile::kKVBytes, &a.tm_v, sm.full_v + stage, s.k_start + n * Tile::kBlockN,
                                    head_kv, batch);
   }
   ps.kv_it += n_blocks;
@@ -216,8 +224,9 @@ struct Consumer {
   // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued
   // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
   // first_of_cta / last_of_cta: this is the CTA's first / last tile that has any key block.
+  // q_len, k_len: the tile's sequence (TileSeq).
   __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
-                                      KeyTiles keys, bool first_of_cta, bool last_of_cta) {
+                                      KeyTiles keys, bool first_of_cta, bool last_of_cta, int q_len, int k_len) {
     const int n_blocks = keys.count();
 #pragma unroll
     for (int r = 0; r < kORegs; ++r) acc_o[r] = 0.f;
@@ -227,7 +236,7 @@ struct Consumer {
     const uint32_t q_phase = ps.q_loads++ & 1;
     const int t = threadIdx.x % 128;
     const int row0 = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + (t % 32) / 4;  // half-0 row
-    const int diag_row_min = m_block * Tile::kBlockM + a.seqlen_k - a.seqlen_q;  // the first row's diagonal key
+    const int diag_row_min = m_block * Tile::kBlockM + k_len - q_len;  // the first row's diagonal key
     // Windows: the causal kernels take every window (causal is window_right 0; an unbounded right
     // side comes clamped to seqlen_q); the non-causal ones none (with the window checks in its
     // main loop the d256 non-causal consumer spilled). FragmentSoftmax::mask ignores them there.
@@ -236,7 +245,7 @@ struct Consumer {
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {
       const int key_end = (n + 1) * kBlockN;
-      return key_end > a.seqlen_k ||
+      return key_end > k_len ||
              (kCausal && (key_end - 1 > diag_row_min + wr ||
                           (wl >= 0 && n * kBlockN < diag_row_min + Tile::kBlockM - 1 - wl)));
     };
@@ -260,8 +269,19 @@ struct Consumer {
     {
       const int n = keys.end - 1;
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl, wr);
-      softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
+      if (kCausal) {
+        // The diagonal tile: the column blocks right of this warp's last row's last key are
+        // masked for all its rows (warp 0 of warpgroup 0 sees 16 of the 128 keys of an aligned
+        // diagonal tile); their exponentials are skipped (FragmentSoftmax::step<true>).
+        const int warp_last_row = m_block * Tile::kBlockM + 64 * wg + 16 * (t / 32) + 15;
+        const int last_key = min(k_len - 1, warp_last_row + k_len - q_len + wr);
+        const int live_cols = last_key - n * kBlockN + 1;
+        const int live = live_cols <= 0 ? 0 : min(kBlockN / 8, (live_cols + 7) / 8);
+        softmax.template step<true>(acc_s, a.scale_log2, rescale, live);  // acc_o is 0: no rescale
+      } else {
+        softmax.step(acc_s, a.scale_log2, rescale);  // acc_o is 0: no rescale needed
+      }
       convert_p(acc_s, p);
     }
 
@@ -280,7 +300,7 @@ struct Consumer {
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
-      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, a.seqlen_k, a.seqlen_q, wl, wr);
+      if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);
       // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by

@@ -17,6 +17,18 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+// A read-only global load the compiler may neither merge with an earlier one nor hoist: a value
+// reloaded where it is needed instead of kept in a register across a main loop.
+__device__ __forceinline__ int ld_global_nc_reload(const int* p) {
+  int v;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 
 // ---- mbarrier (§4) ------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
@@ -65,6 +77,19 @@ __device__ __forceinline__ void tma_load_5d(void* sdst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(c4)
       : "memory");
+}
+// One tile (kRows × D as 64-column chunks, chunk c at + c·kRows·128) from a 5-D map of
+// make_map (sm90.cu): one box over every chunk, or with x_chunks (head_dim 96 on the d128
+// kernels, x_chunked) one box per chunk at x = 64·c, TMA filling the columns past 96 with zeros.
+template <int kChunks, int kRows>
+__device__ __forceinline__ void tma_load_tile(bool x_chunks, uint8_t* dst, const CUtensorMap* map, uint64_t* bar,
+                                              int row, int head, int batch) {
+  if (kChunks == 2 && x_chunks) {  // only the d128 kernels run head_dim 96
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) tma_load_5d(dst + c * kRows * 128, map, bar, 64 * c, row, 0, head, batch);
+  } else {
+    tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+  }
 }
 // dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
 // instruction instead of one atomic per element pair); completes as a bulk group (commit below).

@@ -153,7 +153,8 @@ inline void set_schedule(FwdArgs& a, bool causal, long long heads_batch, int gri
   // first key: the first block's, (0 + 1)·block_m + seqlen_k − seqlen_q + window_right <= 0
   // (mainloop.cuh, key_range; a left window never empties a block: tests/key_tiles.py).
   const bool empty_blocks = causal && a.block_m + a.seqlen_k - a.seqlen_q + a.window_right <= 0;
-  a.every_tile_has_keys = !virtual_tiles && !empty_blocks;
+  // Varlen: a sequence shorter than the longest leaves tiles past its rows (mainloop.cuh, tile_keys).
+  a.every_tile_has_keys = !virtual_tiles && !empty_blocks && a.cu_seqlens_q == nullptr;
   a.div_m = FastDiv(a.m_blocks);
   a.div_heads = FastDiv(a.heads);
   a.div_hb = FastDiv(int(heads_batch));

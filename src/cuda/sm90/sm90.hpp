@@ -24,16 +24,17 @@ inline bool window_bounds_fit(const detail::Params& p) {
 }
 
 // True when forward(p) handles this call: f16/bf16, head_dim 64/96/128/192/256 (96 on the d128
-// kernels), any window (on the causal kernels), softcap except at d64 without a window, no varlen,
+// kernels), any window (on the causal kernels), softcap except at d64 without a window, varlen,
 // 16-byte aligned rows and strides, positive scale, an sm_90 device.
 bool supports(const detail::Params& p);
 
 // Runs the forward pass on p.stream; throws flashattn::Error carrying CUDA's message on failure.
 void forward(const detail::Params& p);
 
-// True when backward(p) handles this call: head_dim 64, 128 or 256, any window at d64/d128 (on
-// the causal kernels; d256 causal only), no softcap, any nonzero scale, and not
-// Options::deterministic (dQ is summed with unordered fp32 atomics).
+// True when backward(p) handles this call: head_dim 64, 96 (on the d128 kernel), 128, 192 (on the
+// d256 kernel) or 256, any window at d64/d96/d128 (on the causal kernels; d192/d256 causal only),
+// softcap at d96/d128, varlen at d64/d96/d128, any nonzero scale, and not Options::deterministic
+// (dQ is summed with unordered fp32 atomics).
 bool supports_backward(const detail::Params& p);
 
 // dQ, dK, dV on p.stream: a preprocessing kernel (D, LSE·log2e), the fused kernel, a dQ cast.

@@ -78,7 +78,12 @@ struct FragmentSoftmax {
   // +2–4 % at d64 causal, but −5 % at d64 non-causal (three consumer warpgroups at 160 registers)
   // and −4 % at d256 causal even with the two halves merely reordered, so kChains = 1 keeps the
   // one-half-at-a-time order there (Consumer picks it, mainloop.cuh).
-  __device__ __forceinline__ void step(float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2]) {
+  //
+  // kSkip (the causal kernels' first, diagonal key tile): column blocks j >= live (8 columns each,
+  // registers 4j … 4j + 3; live is warp-uniform) are masked for every row of the warp, so their
+  // exponentials (2^-inf = 0) are not computed: set to 0. Same results, fewer MUFU.EX2.
+  template <bool kSkip = false>
+  __device__ __forceinline__ void step(float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2], int live = kRegs / 4) {
     if constexpr (kChains == 1) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -92,11 +97,24 @@ struct FragmentSoftmax {
         const float offset = state[h].exp_offset();
         float sum = 0.f;
 #pragma unroll
-        for (int r = 0; r < kRegs; ++r)
-          if (((r >> 1) & 1) == h) {
-            acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset));
-            sum += acc_s[r];
+        for (int g = 0; g < (kRegs + 15) / 16; ++g) {  // as below: a branch per 4 column blocks
+          if (kSkip && 4 * g >= live) {
+#pragma unroll
+            for (int r = 16 * g; r < 16 * g + 16 && r < kRegs; ++r)
+              if (((r >> 1) & 1) == h) acc_s[r] = 0.f;
+            continue;
           }
+#pragma unroll
+          for (int r = 16 * g; r < 16 * g + 16 && r < kRegs; ++r)
+            if (((r >> 1) & 1) == h) {
+              if (kSkip && (r >> 2) >= live) {
+                acc_s[r] = 0.f;
+                continue;
+              }
+              acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset));
+              sum += acc_s[r];
+            }
+        }
         state[h].add_sum(sum);
       }
     } else {
@@ -121,10 +139,22 @@ struct FragmentSoftmax {
       }
       float sum[2][kChains] = {};
 #pragma unroll
-      for (int r = 0; r < kRegs; ++r) {
-        const int h = (r >> 1) & 1;
-        acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
-        sum[h][(r >> 2) % kChains] += acc_s[r];
+      for (int g = 0; g < (kRegs + 15) / 16; ++g) {  // groups of 4 column blocks (16 registers)
+        if (kSkip && 4 * g >= live) {  // warp-uniform: a branch over the group, not predicated MUFUs
+#pragma unroll
+          for (int r = 16 * g; r < 16 * g + 16 && r < kRegs; ++r) acc_s[r] = 0.f;
+          continue;
+        }
+#pragma unroll
+        for (int r = 16 * g; r < 16 * g + 16 && r < kRegs; ++r) {
+          const int h = (r >> 1) & 1;
+          if (kSkip && (r >> 2) >= live) {
+            acc_s[r] = 0.f;
+            continue;
+          }
+          acc_s[r] = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
+          sum[h][(r >> 2) % kChains] += acc_s[r];
+        }
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -97,6 +97,7 @@ struct BwdTile {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static constexpr int kChunks = kHeadDim / 64;           // 128-byte column chunks per row
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or one dO stage
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one dSᵀ buffer
@@ -128,6 +129,7 @@ struct BwdTile<256> {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static constexpr int kChunks = 4;
   static constexpr int kKVBytes = kBlockN * 256 * 2;
   static constexpr int kQBytes = kBlockM * 256 * 2;       // one Q or one dO stage
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // one Pᵀ/dSᵀ buffer

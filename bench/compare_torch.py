@@ -324,22 +324,52 @@ def stream_ms(fn, reps, batch=10, warmup=3):
     return statistics.median(call_times(fn, reps, batch, warmup))
 
 
-def interleaved_ms(impls, reps, batch, rounds=4):
-    """Median ms per call of every implementation, timed in `rounds` rounds that visit them in a
-    rotated order, each round taking ceil(reps / rounds) samples of `batch` calls per implementation.
-    The GPU runs at its power limit under this load (bench/sustained.py: ~690 W, the SM clock 1.55–1.85
-    GHz instead of 1.98), and its clock depends on what ran just before; timing each implementation in
-    one block gave the block after a heavier one a lower clock (session 6). impls: name -> (fn, ctx), ctx
-    a context manager factory entered around the implementation's samples (SDPA's backend choice)."""
-    per_round = max(1, math.ceil(reps / rounds))
-    samples = {name: [] for name in impls}
+# How interleaved_ms orders the implementations: "balanced" (default) or "legacy" (sessions 6-9:
+# one rotation of every implementation, forward and backward together, 4 rounds).
+ORDER = "balanced"
+
+
+def interleaved_ms(impls, reps, batch, rounds=None):
+    """Median ms per call of every implementation, timed in rounds, each round taking
+    ceil(reps / rounds) samples of `batch` calls per implementation. The GPU runs at its power
+    limit under this load (bench/sustained.py: ~690 W, the SM clock 1.55-1.85 GHz instead of 1.98),
+    and its clock depends on what ran just before; timing each implementation in one block gave the
+    block after a heavier one a lower clock (session 6). impls: name -> (fn, ctx), ctx a context
+    manager factory entered around the implementation's samples (SDPA's backend choice).
+
+    Balanced order: the rounds go through every rotation of the names forward and backward, so each
+    implementation runs after each other one equally often. A rotation alone keeps the cyclic order
+    (with ours_fwd, ours_bwd, fa2_fwd, …, cudnn_bwd, ours_fwd ran after cuDNN's backward in three
+    rounds of four, cuDNN's forward after FA2's: session 9); bench() also times the forward and
+    backward implementations as separate groups."""
     names = list(impls)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    if ORDER == "legacy":
+        rounds = rounds or 4
+        orders = [names[r % len(names):] + names[: r % len(names)] for r in range(rounds)]
+    else:
+        rots = [names[r:] + names[:r] for r in range(len(names))]
+        orders = [o for rot in rots for o in (rot, rot[::-1])]
+        if rounds:  # whole passes over the balanced orders
+            orders = orders * max(1, math.ceil(rounds / len(orders)))
+    per_round = max(1, math.ceil(reps / len(orders)))
+    samples = {name: [] for name in impls}
+    for order in orders:
+        for name in order:
             fn, ctx = impls[name]
             with ctx():
                 samples[name] += call_times(fn, per_round, batch, warmup=1)
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def interleaved_groups(impls, reps, batch):
+    """interleaved_ms per pass: the forward implementations together, then the backward ones
+    (balanced order; the legacy order timed all of them as one group)."""
+    if ORDER == "legacy":
+        return interleaved_ms(impls, reps, batch)
+    out = {}
+    for suffix in ("_fwd", "_bwd"):
+        out.update(interleaved_ms({k: v for k, v in impls.items() if k.endswith(suffix)}, reps, batch))
+    return out
 
 
 def bench(lib, dims, seqlens, dtype, reps, out_json):
@@ -375,8 +405,8 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
                 # Each call twice: started on an idle GPU (host time included in every sample) and
                 # back to back (*_s keys: 10 calls between two events, host time hidden where shorter
                 # than the kernels, as in FlashAttention's own benchmarks).
-                row.update(interleaved_ms(impls, r, 1))
-                row.update({k_ + "_s": v_ for k_, v_ in interleaved_ms(impls, max(4, r // 4), 10).items()})
+                row.update(interleaved_groups(impls, r, 1))
+                row.update({k_ + "_s": v_ for k_, v_ in interleaved_groups(impls, max(6, r // 4), 10).items()})
                 for key in list(row):
                     if key.endswith("_fwd") or key.endswith("_fwd_s"):
                         row[key.replace("_fwd", "_fwd_tf")] = flops / row[key] / 1e9
@@ -430,8 +460,12 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--order", choices=("balanced", "legacy"), default="balanced",
+                    help="implementation order of the interleaved timing (interleaved_ms)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
+    global ORDER
+    ORDER = a.order
     lib = Lib(a.lib)
     print(lib.lib.fa_info().decode(), "| torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), flush=True)
     fails = check(lib) if a.check else 0

@@ -46,7 +46,7 @@ bool supports_backward(const detail::Params& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
   // varlen: the d64/d128 kernel (head dims 64, 96, 128; kernel_bwd.cuh, BwdSeq), some query row
   if (p.varlen() && (p.head_dim > 128 || p.max_seqlen_q <= 0 || p.max_seqlen_k <= 0)) return false;
-  // softcap: the d128 kernel only (head dims 96 and 128; kernel_bwd.cuh, kSoftcapKernel)
+  // softcap: the d128 kernel only (head dims 96 and 128; its own instance, kernel_bwd.cuh kSoftcap)
   if (p.softcap != 0.f && p.head_dim != 96 && p.head_dim != 128) return false;
   // d192/d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
   if (p.head_dim >= 192 && causal_kernel(p) && (kernel_window_left(p) >= 0 || kernel_window_right(p) != 0)) return false;

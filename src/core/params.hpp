@@ -81,6 +81,10 @@ struct Params {
   StageProfile* profile = nullptr;  // internal: stage timings for `flashattn timeline`
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
+  // The longest sequence's rows: max_seqlen with varlen, else the tensors' (what check() stores in
+  // max_seqlen too; a Params filled in by hand may leave it 0 without varlen).
+  int64_t max_rows_q() const { return varlen() ? max_seqlen_q : seqlen_q; }
+  int64_t max_rows_k() const { return varlen() ? max_seqlen_k : seqlen_k; }
   int64_t group_size() const { return heads / heads_kv; }  // query heads per KV head
 };
 

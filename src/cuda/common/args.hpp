@@ -58,8 +58,8 @@ inline AttnArgs make_args(const detail::Params& p) {
   a.lse_batch = p.lse.batch_stride; a.lse_head = p.lse.head_stride; a.lse_row = p.lse.row_stride;
   a.cu_seqlens_q = p.cu_seqlens_q; a.cu_seqlens_k = p.cu_seqlens_k;
   a.batch = int(p.batch); a.seqlen_q = int(p.seqlen_q); a.seqlen_k = int(p.seqlen_k);
-  a.max_seqlen_q = int(p.varlen() ? p.max_seqlen_q : p.seqlen_q);
-  a.max_seqlen_k = int(p.varlen() ? p.max_seqlen_k : p.seqlen_k);
+  a.max_seqlen_q = int(p.max_rows_q());
+  a.max_seqlen_k = int(p.max_rows_k());
   a.heads = int(p.heads); a.heads_kv = int(p.heads_kv); a.group = int(p.group_size());
   a.head_dim = int(p.head_dim);
   a.scale = p.scale; a.softcap = p.softcap;

@@ -17,7 +17,7 @@ namespace flashattn::cuda::sm90 {
 template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen>
 __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
                                          Consumer<Tile, kF16, kCausal, kHeadDim>& c, int wg, int m_block,
-                                         int head, const TileSeq& s) {
+                                         int head, const SeqRows& s) {
   constexpr int kORegs = kHeadDim / 2;
   const int t = threadIdx.x % 128, lane = t % 32;
   c.softmax.finalize();

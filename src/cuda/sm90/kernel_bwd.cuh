@@ -37,6 +37,7 @@
 #include "cuda/sm90/gemm.cuh"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
+#include "cuda/sm90/seq.cuh"
 #include "cuda/sm90/tile_size.hpp"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -81,30 +82,17 @@ struct Smem {
   }
 };
 
-// The sequence of a work tile: its first query and key row in the tensors and its lengths. Without
-// varlen the whole tensors of its batch entry; with varlen (BwdArgs::cu_seqlens_q, the d64/d128
-// kernel only: kVarlen) rows of the packed tensors, whose maps have batch extent 1 (tma_batch 0).
-// The statistics and the dQ accumulator stay per sequence, (batch, heads, m_pad).
-struct BwdSeq {
-  int q_start, k_start, q_len, k_len, tma_batch;
-};
-// Loaded where used, with loads the compiler keeps there (the consumers: at the tile's start and
-// again for the dK/dV store, so only the lengths stay in registers across the steps; holding the
-// rest, the d128 causal consumer spilled).
-template <bool kVarlen>
-__device__ __forceinline__ BwdSeq bwd_seq(const BwdArgs& a, int b) {
-  if (!kVarlen || a.cu_seqlens_q == nullptr) return {0, 0, a.seqlen_q, a.seqlen_k, b};
-  const int q0 = ptx::ld_global_nc_reload(a.cu_seqlens_q + b), k0 = ptx::ld_global_nc_reload(a.cu_seqlens_k + b);
-  return {q0, k0, ptx::ld_global_nc_reload(a.cu_seqlens_q + b + 1) - q0,
-          ptx::ld_global_nc_reload(a.cu_seqlens_k + b + 1) - k0, 0};
-}
+// The sequence of a work tile: seq_rows (seq.cuh), varlen in the d64/d128 kernel only (kVarlen).
+// The statistics and the dQ accumulator stay per sequence, (batch, heads, m_pad). The consumers
+// load it at the tile's start, per step and again for the dK/dV store, so only the lengths stay
+// in registers across the steps (holding the rest, the d128 causal consumer spilled).
 
 // The query tiles [m_begin, m_end) that see any key of key tile n. Bottom-right alignment: in the
 // causal kernels query i sees key j iff i + diag − window_left <= j <= i + diag + window_right,
 // diag = k_len − q_len per sequence (window_right >= 0, 0 = causal; window_left −1 = none;
 // sm90.hpp). tests/key_tiles.py checks the ranges and masks against that rule.
 template <class Tile, bool kCausal, bool kVarlen>
-__device__ __forceinline__ void query_range(const BwdArgs& a, const BwdSeq& s, int n_block, int& m_begin, int& m_end) {
+__device__ __forceinline__ void query_range(const BwdArgs& a, const SeqRows& s, int n_block, int& m_begin, int& m_end) {
   m_begin = 0;
   m_end = a.m_blocks;
   if (kVarlen && a.cu_seqlens_q != nullptr) {  // the sequence's query tiles; none past its keys
@@ -124,7 +112,7 @@ __device__ __forceinline__ void query_range(const BwdArgs& a, const BwdSeq& s, i
 // Does step (key tile n, query tile from row q0) need the element mask: keys past seqlen_k, or a
 // key outside some row's window.
 template <class Tile, bool kCausal>
-__device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, const BwdSeq& s, int n_block, int q0) {
+__device__ __forceinline__ bool step_needs_mask(const BwdArgs& a, const SeqRows& s, int n_block, int q0) {
   const int diag = s.k_len - s.q_len;
   return (n_block + 1) * Tile::kBlockN > s.k_len ||
          (kCausal && ((n_block + 1) * Tile::kBlockN - 1 > q0 + diag + a.window_right ||
@@ -152,7 +140,7 @@ struct StepMask {
   }
 };
 template <bool kCausal>
-__device__ __forceinline__ StepMask step_mask(const BwdArgs& a, const BwdSeq& s, int key_row0, int first_query) {
+__device__ __forceinline__ StepMask step_mask(const BwdArgs& a, const SeqRows& s, int key_row0, int first_query) {
   const int diag = s.k_len - s.q_len;
   constexpr int kPast = 1 << 30;
   StepMask m;
@@ -179,7 +167,7 @@ __device__ __forceinline__ long long stat_row(const BwdArgs& a, int batch, int h
 struct BwdTileCoord {
   int n_block, head_kv, batch;
   int m_begin, m_count, steps;  // query tiles of the tile; steps = m_count · group
-  BwdSeq seq;
+  SeqRows seq;
 };
 template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
@@ -187,7 +175,7 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   c.n_block = idx % a.n_blocks;
   c.head_kv = (idx / a.n_blocks) % a.heads_kv;
   c.batch = idx / (a.n_blocks * a.heads_kv);
-  c.seq = bwd_seq<kVarlen>(a, c.batch);
+  c.seq = seq_rows<kVarlen>(a, c.batch);
   int m_end;
   query_range<Tile, kCausal, kVarlen>(a, c.seq, c.n_block, c.m_begin, m_end);
   c.m_count = m_end > c.m_begin ? m_end - c.m_begin : 0;
@@ -200,12 +188,12 @@ __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
 // are not written), head-dim columns col0 + acc_col; with kClip (the d128 kernel, which also runs
 // head_dim 96) only those below BwdArgs::cols.
 template <bool kF16, bool kClip, int kRegs>
-__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, const BwdSeq& s, int head_kv, int col0, int key_row0,
+__device__ __forceinline__ void store_dk_dv(const BwdArgs& a, const SeqRows& s, int head_kv, int col0, int key_row0,
                                             const float (&acc_dk)[kRegs], const float (&acc_dv)[kRegs], int t) {
   using T = typename std::conditional<kF16, __half, __nv_bfloat16>::type;
-  T* dk = static_cast<T*>(a.dk) + s.tma_batch * a.dk_batch_stride + s.k_start * a.dk_row_stride +
+  T* dk = static_cast<T*>(a.dk) + s.batch * a.dk_batch_stride + s.k_start * a.dk_row_stride +
           head_kv * a.dk_head_stride + col0;
-  T* dv = static_cast<T*>(a.dv) + s.tma_batch * a.dv_batch_stride + s.k_start * a.dv_row_stride +
+  T* dv = static_cast<T*>(a.dv) + s.batch * a.dv_batch_stride + s.k_start * a.dv_row_stride +
           head_kv * a.dv_head_stride + col0;
 #pragma unroll
   for (int r = 0; r < kRegs; r += 2) {
@@ -248,8 +236,8 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
     ptx::mbar_wait(sm.empty_kv, (kv_loads++ & 1) ^ 1);
     ptx::mbar_arrive_expect_tx(sm.full_kv, kKVTxBytes);
     const int key_row = tc.seq.k_start + tc.n_block * Tile::kBlockN;
-    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k, &a.tm_k, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
-    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v, &a.tm_v, sm.full_kv, key_row, tc.head_kv, tc.seq.tma_batch);
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k, &a.tm_k, sm.full_kv, key_row, tc.head_kv, tc.seq.batch);
+    ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.v, &a.tm_v, sm.full_kv, key_row, tc.head_kv, tc.seq.batch);
     for (int st = 0; st < tc.steps; ++st, ++it) {
       const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
@@ -259,7 +247,7 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
         ptx::bulk_prefetch_l2(a.lse_log2 + row, Tile::kBlockM * 4);
         ptx::bulk_prefetch_l2(a.dsum + row, Tile::kBlockM * 4);
       }
-      load_step(it, head, tc.seq.q_start + m * Tile::kBlockM, tc.seq.tma_batch);  // the step's first query row
+      load_step(it, head, tc.seq.q_start + m * Tile::kBlockM, tc.seq.batch);  // the step's first query row
     }
   }
 }
@@ -356,7 +344,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       const int q0 = m * kBlockM;
       // The sequence's lengths, loaded per step (varlen; else constants): held across the steps,
       // the d128 causal consumer spilled.
-      const BwdSeq seq = bwd_seq<true>(a, batch);
+      const SeqRows seq = seq_rows<true>(a, batch);
       const bool need_mask = step_needs_mask<Tile, kCausal>(a, seq, n_block, q0);
       uint32_t p_a[kMSteps][4];
       if constexpr (kSoftcap) {
@@ -495,7 +483,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
     // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
     if (steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
 
-    store_dk_dv<kF16, kHeadDim == 128>(a, bwd_seq<true>(a, batch), head_kv, 0, key_row0, acc_dk, acc_dv, t);
+    store_dk_dv<kF16, kHeadDim == 128>(a, seq_rows<true>(a, batch), head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
   if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
 }

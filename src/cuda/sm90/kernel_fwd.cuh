@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     if (threadIdx.x == 0)
       for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
         const TileCoord tc = Sched::coord(a, idx);
-        const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
+        const SeqRows s = seq_rows<kVarlen>(a, tc.batch);
         producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));
       }
   } else {
@@ -49,10 +49,12 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
     // without each tile's coordinates and key range (their index arithmetic, per tile, was ~5 % of
     // the instructions of a short tile: session 7, ncu).
     int last_work = -1;
+    auto has_keys = [&](int idx) {
+      const TileCoord tc = Sched::coord(a, idx);
+      return tile_keys<Tile, kCausal, kVarlen>(a, tc, seq_rows<kVarlen>(a, tc.batch)).count() > 0;
+    };
     for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx))
-      if (a.every_tile_has_keys || tile_keys<Tile, kCausal, kVarlen>(a, Sched::coord(a, idx),
-                                                                       tile_seq<kVarlen>(a, Sched::coord(a, idx).batch)).count() > 0)
-        last_work = idx;
+      if (a.every_tile_has_keys || has_keys(idx)) last_work = idx;
     bool first_work = true;
     for (int idx = Sched::first(a), next_idx = 0; Sched::valid(a, idx); idx = next_idx) {
       // The causal chains take next() here, where few registers are live (taken after run(), the
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // 2–3 %, session 7).
       if (kCausal) next_idx = Sched::next(a, idx);
       const TileCoord tc = Sched::coord(a, idx);
-      const TileSeq s = tile_seq<kVarlen>(a, tc.batch);
+      const SeqRows s = seq_rows<kVarlen>(a, tc.batch);
       const KeyTiles keys = tile_keys<Tile, kCausal, kVarlen>(a, tc, s);
       const int n_blocks = keys.count();
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
       // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
       if (n_blocks == 0) ptx::named_bar_sync(1 + (wg - 1), 128);
-      epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen>(a, sm, c, wg - 1, tc.m_block, tc.head, tile_seq<kVarlen>(a, tc.batch));
+      epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen>(a, sm, c, wg - 1, tc.m_block, tc.head, seq_rows<kVarlen>(a, tc.batch));
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
       // now, after thread 0's wait for the TMA store's smem reads and (O in sQ) every thread's
       // reads of the varlen epilogue's plain stores.

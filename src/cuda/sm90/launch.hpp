@@ -74,7 +74,7 @@ struct FwdArgs {
   float softcap_scale;  // scale / cap; 0 = no softcap (FragmentSoftmax::softcap)
   // Varlen (both set, else null; device pointers): sequence b is rows [cu_seqlens_q[b],
   // cu_seqlens_q[b + 1]) of the packed tensors (the maps' batch extent 1); m_blocks counts the
-  // longest sequence's query tiles (mainloop.cuh, TileSeq). The epilogue stores a warpgroup's rows
+  // longest sequence's query tiles (seq.cuh, SeqRows). The epilogue stores a warpgroup's rows
   // that end inside the sequence with plain stores through o (the TMA store's box would write
   // into the next sequence's rows).
   const int* cu_seqlens_q;
@@ -116,7 +116,7 @@ struct BwdArgs {
   float softcap_scale;
   // Varlen (the d64/d128 kernel; both set, else null): sequence b is rows [cu_seqlens_q[b],
   // cu_seqlens_q[b + 1]) of the packed tensors (maps of batch extent 1); n_blocks and m_blocks
-  // count the longest sequence's tiles, batch the sequences (kernel_bwd.cuh, BwdSeq).
+  // count the longest sequence's tiles, batch the sequences (seq.cuh, SeqRows).
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
 };

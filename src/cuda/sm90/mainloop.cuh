@@ -24,6 +24,7 @@
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/scheduler.cuh"
+#include "cuda/sm90/seq.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_size.hpp"
 #include "cuda/sm90/wgmma.cuh"
@@ -70,22 +71,9 @@ struct Smem {
   }
 };
 
-// The sequence a tile belongs to: its first query and key row in the tensors, its lengths, and
-// the batch coordinate of the TMA maps. Without varlen the whole tensors of batch entry b; with
-// varlen (FwdArgs::cu_seqlens_q) rows of the packed tensors, batch coordinate 0. Loaded where it
-// is used (the consumers: before the main loop and again in the epilogue), so no register holds
-// it across the main loop (held there, the consumers spilled). kVarlen: the kernel's varlen
-// instance (kernel_fwd.cuh, launch_fwd_tile); the other one has no trace of varlen.
-struct TileSeq {
-  int q_start, k_start, q_len, k_len, batch;
-};
-template <bool kVarlen>
-__device__ __forceinline__ TileSeq tile_seq(const FwdArgs& a, int b) {
-  if constexpr (!kVarlen) return {0, 0, a.seqlen_q, a.seqlen_k, b};
-  const int q0 = ptx::ld_global_nc_reload(a.cu_seqlens_q + b), k0 = ptx::ld_global_nc_reload(a.cu_seqlens_k + b);
-  return {q0, k0, ptx::ld_global_nc_reload(a.cu_seqlens_q + b + 1) - q0,
-          ptx::ld_global_nc_reload(a.cu_seqlens_k + b + 1) - k0, 0};
-}
+// A tile's sequence: seq_rows<kVarlen> (seq.cuh), kVarlen the kernel's varlen instance
+// (kernel_fwd.cuh, launch_fwd_tile; the other instance has no trace of varlen). The consumers load
+// it before the main loop and again in the epilogue.
 
 // The key tiles [begin, end) the query block m_block needs (empty: every row fully masked). Row i
 // sees keys j < k_len with, in the causal kernels, i + diag − window_left <= j <= i + diag +
@@ -96,7 +84,7 @@ struct KeyTiles {
   __device__ int count() const { return end - begin; }
 };
 template <class Tile, bool kCausal>
-__device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const TileSeq& s, int m_block) {
+__device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const SeqRows& s, int m_block) {
   const int diag = s.k_len - s.q_len;
   int end = s.k_len, begin = 0;
   if (kCausal) {  // the window's right bound (0: causal) and an optional left one (tests/key_tiles.py)
@@ -110,7 +98,7 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const TileSeq& s
 // The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
 // heads·batch; m_block = m_blocks) or one past its sequence's rows (varlen).
 template <class Tile, bool kCausal, bool kVarlen>
-__device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const TileSeq& s) {
+__device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const SeqRows& s) {
   const bool rows = kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
   return rows ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
 }
@@ -125,7 +113,7 @@ struct PipeState {
 
 template <class Tile>
 __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
-                                              int head, const TileSeq& s, KeyTiles keys) {
+                                              int head, const SeqRows& s, KeyTiles keys) {
   const int n_blocks = keys.count();
   const int head_kv = head / a.group;
   const bool first_tile = ps.tiles == 0;
@@ -224,7 +212,7 @@ struct Consumer {
   // The main loop with intra-warpgroup overlap (FA3 IntraWGOverlap): S of tile it is issued
   // together with P·V of tile it-1; the softmax of tile it runs while that P·V is in flight.
   // first_of_cta / last_of_cta: this is the CTA's first / last tile that has any key block.
-  // q_len, k_len: the tile's sequence (TileSeq).
+  // q_len, k_len: the tile's sequence (SeqRows).
   __device__ __forceinline__ void run(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int wg, int m_block,
                                       KeyTiles keys, bool first_of_cta, bool last_of_cta, int q_len, int k_len) {
     const int n_blocks = keys.count();

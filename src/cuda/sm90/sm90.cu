@@ -104,15 +104,11 @@ namespace {
 // The head dim of the kernel a call runs: head_dim 96 runs the d128 kernels (FwdArgs::x_chunks).
 int kernel_head_dim(const detail::Params& p) { return p.head_dim == 96 ? 128 : int(p.head_dim); }
 
-// The longest sequence's rows (varlen), else the tensors' (as cuda/common/args.hpp).
-int64_t max_rows_q(const detail::Params& p) { return p.varlen() ? p.max_seqlen_q : p.seqlen_q; }
-int64_t max_rows_k(const detail::Params& p) { return p.varlen() ? p.max_seqlen_k : p.seqlen_k; }
-
 // fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
 int fwd_block_m_for(const detail::Params& p) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
   if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
-  return fwd_block_m(kernel_head_dim(p), causal_kernel(p), max_rows_q(p), max_rows_k(p));
+  return fwd_block_m(kernel_head_dim(p), causal_kernel(p), p.max_rows_q(), p.max_rows_k());
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
@@ -126,7 +122,7 @@ int fwd_sched_forced() {
 int fwd_block_n_for(const detail::Params& p, int block_m) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_N", 0);
   if ((forced == 128 || forced == 176) && kernel_head_dim(p) == 128 && block_m == 128) return forced;
-  return fwd_block_n(kernel_head_dim(p), max_rows_k(p));
+  return fwd_block_n(kernel_head_dim(p), p.max_rows_k());
 }
 
 template <int kHeadDim, bool kF16>
@@ -142,7 +138,7 @@ bool supports(const detail::Params& p) {
   // head_dim 96 runs the d128 kernels, its Q, K, V zero-padded to 128 by TMA (FwdArgs::x_chunks).
   if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
     return false;
-  if (max_rows_q(p) <= 0) return false;  // varlen without query rows: nothing for this kernel
+  if (p.max_rows_q() <= 0) return false;  // varlen without query rows: nothing for this kernel
   if (p.softcap != 0.f && p.head_dim == 64 && !causal_kernel(p)) return false;  // Consumer::kSoftcap
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
@@ -150,7 +146,7 @@ bool supports(const detail::Params& p) {
   if (p.seqlen_q >= (int64_t(1) << 31) || p.seqlen_k >= (int64_t(1) << 31)) return false;
   if (!window_bounds_fit(p)) return false;
   // tile slots (m_blocks · heads · batch, paired: m_blocks · (heads · batch + 1)) must fit an int
-  if ((max_rows_q(p) + 127) / 128 * (p.heads * p.batch + 1) >= (int64_t(1) << 31)) return false;
+  if ((p.max_rows_q() + 127) / 128 * (p.heads * p.batch + 1) >= (int64_t(1) << 31)) return false;
   if (!strides_ok(p.q) || !strides_ok(p.k) || !strides_ok(p.v) || !strides_ok(p.out)) return false;
   return device_is_sm90();
 }
@@ -162,7 +158,7 @@ void forward(const detail::Params& p) {
   const int block_m = fwd_block_m_for(p);
   const int block_n = fwd_block_n_for(p, block_m);
   FwdArgs a{};
-  // Varlen: the maps span the packed rows (seqlen_q/k are the totals), batch extent 1 (TileSeq).
+  // Varlen: the maps span the packed rows (seqlen_q/k are the totals), batch extent 1 (SeqRows).
   const int64_t map_batch = p.varlen() ? 1 : p.batch;
   a.tm_q = make_map(p.q, map_batch, p.seqlen_q, p.heads, d, block_m, d / 64, f16);
   a.tm_k = make_map(p.k, map_batch, p.seqlen_k, p.heads_kv, d, block_n, d / 64, f16);
@@ -191,7 +187,7 @@ void forward(const detail::Params& p) {
   a.softcap_scale = p.softcap > 0.f ? float(double(p.scale) / p.softcap) : 0.f;
   a.scale_log2 = float((p.softcap > 0.f ? double(p.softcap) : double(p.scale)) * 1.4426950408889634);
   a.batch = int(p.batch);
-  a.m_blocks = int((max_rows_q(p) + block_m - 1) / block_m);  // the longest sequence's (varlen)
+  a.m_blocks = int((p.max_rows_q() + block_m - 1) / block_m);  // the longest sequence's (varlen)
   a.block_m = block_m;
   a.block_n = block_n;
   a.sched = fwd_sched_forced();

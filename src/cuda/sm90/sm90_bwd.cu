@@ -44,8 +44,8 @@ bool supports_backward(const detail::Params& p) {
     return false;
   if (p.device != Device::cuda || p.algorithm != Algorithm::flash) return false;
   if (p.dtype != DType::bf16 && p.dtype != DType::f16) return false;
-  // varlen: the d64/d128 kernel (head dims 64, 96, 128; kernel_bwd.cuh, BwdSeq), some query row
-  if (p.varlen() && (p.head_dim > 128 || p.max_seqlen_q <= 0 || p.max_seqlen_k <= 0)) return false;
+  // varlen: the d64/d128 kernel (head dims 64, 96, 128; seq.cuh, SeqRows), some query row
+  if (p.varlen() && (p.head_dim > 128 || p.max_rows_q() <= 0 || p.max_rows_k() <= 0)) return false;
   // softcap: the d128 kernel only (head dims 96 and 128; its own instance, kernel_bwd.cuh kSoftcap)
   if (p.softcap != 0.f && p.head_dim != 96 && p.head_dim != 128) return false;
   // d192/d256 (kernel_bwd_wide.cuh): causal, no other window (the window mask cost it 6-9 %: kernel_bwd.cuh StepMask)
@@ -70,7 +70,7 @@ void backward(const detail::Params& p) {
   const int block_n = kd == 256 ? BwdTile<256>::kBlockN : BwdTile<64>::kBlockN;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   // Rows per sequence: the longest one's with varlen (the tensors then hold the packed totals).
-  const int64_t mq = p.varlen() ? p.max_seqlen_q : p.seqlen_q, mk = p.varlen() ? p.max_seqlen_k : p.seqlen_k;
+  const int64_t mq = p.max_rows_q(), mk = p.max_rows_k();
   const int64_t map_batch = p.varlen() ? 1 : p.batch;
   const int m_blocks = int((mq + block_m - 1) / block_m);
   // Statistics and the dQ accumulator (64-row blocks) padded to 128 rows at every query step.

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Repeat compare_torch's check cases to catch an intermittent hang and name the call that hangs.
+
+  python3 bench/hang_hunt.py --lib build-gpu/libflashattn_torch_shim.so --cases 23 --reps 300 --seconds 60
+
+Each repetition runs the case's forward, synchronizes, then its backward (deterministic and not),
+synchronizing after each; a watchdog thread prints the phase and repetition still running after
+--seconds and exits the process with status 3 (a hung kernel cannot be interrupted otherwise).
+Fresh random inputs per repetition; outputs poisoned (NaN) before each call and checked to be
+finite where the reference is (the check itself is compare_torch --check's job).
+"""
+import argparse, os, sys, threading, time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_torch as ct  # noqa: E402
+
+state = {"phase": "start", "rep": 0}
+
+
+def watchdog(seconds):
+    time.sleep(seconds)
+    print(f"HANG? still in {state['phase']} at repetition {state['rep']} after {seconds} s", flush=True)
+    os._exit(3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--cases", default="23", help="indices into compare_torch.CASES")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=60)
+    a = ap.parse_args()
+    lib = ct.Lib(a.lib)
+    threading.Thread(target=watchdog, args=(a.seconds,), daemon=True).start()
+    t0 = time.time()
+    for ci in (int(x) for x in a.cases.split(",")):
+        dt, b, nq, nk, h, hkv, d, kw = ct.CASES[ci]
+        kw = dict(kw)
+        mult = kw.pop("mult", 1.0)
+        cu_q = cu_k = None
+        max_q = max_k = 0
+        if "varlen" in kw:
+            lq, lk = kw.pop("varlen")
+            cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device="cuda")
+            b, nq, nk, max_q, max_k = 1, sum(lq), sum(lk), max(lq), max(lk)
+        call = dict(causal=kw.get("causal", False), wl=kw.get("wl", -1), wr=kw.get("wr", -1),
+                    softcap=kw.get("softcap", 0.0), cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, algo="flash")
+        bad = 0
+        for r in range(a.reps):
+            state["rep"] = r
+            q = (torch.randn(b, nq, h, d, device="cuda") * mult).to(dt)
+            k = (torch.randn(b, nk, hkv, d, device="cuda") * mult).to(dt)
+            v = torch.randn(b, nk, hkv, d, device="cuda").to(dt)
+            do = torch.randn_like(q)
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((b, h, nq), float("nan"), device="cuda")
+            state["phase"] = f"case {ci} forward"
+            lib.forward(q, k, v, out, lse, **call)
+            torch.cuda.synchronize()
+            for det in (True, False):
+                dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+                state["phase"] = f"case {ci} backward deterministic={det}"
+                lib.backward(q, k, v, out, do, lse, dq, dk, dv, deterministic=det, **call)
+                torch.cuda.synchronize()
+                bad += int(torch.isnan(out).any() or torch.isnan(dq).any() or torch.isnan(dk).any()
+                           or torch.isnan(dv).any())
+        print(f"case {ci} ({str(dt)[6:]} d{d} {ct.CASES[ci][7]}): {a.reps} repetitions done, "
+              f"{bad} with NaN outputs, {time.time() - t0:.1f} s", flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

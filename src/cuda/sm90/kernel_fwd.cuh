@@ -22,6 +22,10 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   using Sched = TileScheduler<kCausal>;
+  // Tiles without keys: causal (fully masked query blocks, the paired schedules' virtual tiles) and
+  // varlen (tiles past their sequence's rows). The non-causal kernels without varlen have none
+  // (every query block sees seqlen_k > 0 keys), and their code keeps no trace of them.
+  constexpr bool kEmptyTiles = kCausal || kVarlen;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -40,7 +44,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
         const TileCoord tc = Sched::coord(a, idx);
         const SeqRows s = seq_rows<kVarlen>(a, tc.batch);
-        producer_tile<Tile>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));
+        producer_tile<Tile, kEmptyTiles>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));
       }
   } else {
     ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
@@ -71,7 +75,12 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // A tile with no keys skipped every barrier: make sure the previous tile's TMA store has
       // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
       // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
-      if (n_blocks == 0) ptx::named_bar_sync(1 + (wg - 1), 128);
+      if (n_blocks == 0) {
+        // The producer's arrival for this tile (producer_tile): this tile's release of sQ comes
+        // after the producer has seen the previous one's, so empty_q never runs two phases ahead.
+        if (kEmptyTiles) ptx::mbar_wait(sm.full_q, ps.q_loads++ & 1);
+        ptx::named_bar_sync(1 + (wg - 1), 128);
+      }
       epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen>(a, sm, c, wg - 1, tc.m_block, tc.head, seq_rows<kVarlen>(a, tc.batch));
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
       // now, after thread 0's wait for the TMA store's smem reads and (O in sQ) every thread's

@@ -107,11 +107,12 @@ __device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord&
 // Ring state carried across the tiles of a persistent CTA (identical on producer and consumers).
 struct PipeState {
   int kv_it = 0;    // K/V tiles consumed so far: stage = kv_it % kStages, phase = (kv_it / kStages) & 1
-  int q_loads = 0;  // Q tiles loaded so far (full_q parity)
+  int q_loads = 0;  // full_q phases so far: Q loads and tiles without keys (full_q parity)
   int tiles = 0;    // tiles finished so far (empty_q parity)
 };
 
-template <class Tile>
+// kEmptyTiles: the kernel may schedule tiles without keys (kernel_fwd.cuh); else none occurs.
+template <class Tile, bool kEmptyTiles>
 __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, PipeState& ps, int m_block,
                                               int head, const SeqRows& s, KeyTiles keys) {
   const int n_blocks = keys.count();
@@ -119,7 +120,16 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
   const bool first_tile = ps.tiles == 0;
   const uint32_t q_free_parity = (ps.tiles++ & 1) ^ 1;
   if (n_blocks == 0) {
-    ptx::mbar_wait(sm.empty_q, q_free_parity);  // keep the empty_q phases in step
+    // Nothing to load, but the consumers still hand sQ back after the tile (they may stage O in
+    // it): wait for the previous tile's release, then let them go on with an arrival on full_q
+    // (no bytes). Without that arrival they could release this tile too before this wait, and the
+    // wait would find empty_q two phases on, its parity unchanged: blocked for good (session 10:
+    // a hang in about one varlen call in 10^3).
+    ptx::mbar_wait(sm.empty_q, q_free_parity);
+    if (kEmptyTiles) {
+      ++ps.q_loads;
+      ptx::mbar_arrive(sm.full_q);
+    }
     return;
   }
   // Out-of-bounds rows of a box are zero-filled and still counted in the transaction bytes. With

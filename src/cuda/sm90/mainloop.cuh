@@ -124,7 +124,7 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     // it): wait for the previous tile's release, then let them go on with an arrival on full_q
     // (no bytes). Without that arrival they could release this tile too before this wait, and the
     // wait would find empty_q two phases on, its parity unchanged: blocked for good (session 10:
-    // a hang in about one varlen call in 10^3).
+    // rare hangs on the H200; tests/q_handoff.py).
     ptx::mbar_wait(sm.empty_q, q_free_parity);
     if (kEmptyTiles) {
       ++ps.q_loads;

@@ -124,7 +124,7 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     // it): wait for the previous tile's release, then let them go on with an arrival on full_q
     // (no bytes). Without that arrival they could release this tile too before this wait, and the
     // wait would find empty_q two phases on, its parity unchanged: blocked for good (session 10:
-    // rare hangs on the H200; tests/q_handoff.py).
+    // rare hangs on the H200; tests/mbarrier_protocols.py).
     ptx::mbar_wait(sm.empty_q, q_free_parity);
     if (kEmptyTiles) {
       ++ps.q_loads;
@@ -152,9 +152,13 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
     ptx::tma_load_tile<Tile::kChunks, Tile::kBlockN>(a.x_chunks, sm.k + stage * Tile::kKVBytes, &a.tm_k, sm.full_k + stage, s.k_start + n * Tile::kBlockN,
                                    head_kv, batch);
     if (it == 0) {
-      ptx::mbar_wait(sm.empty_q, q_free_parity);  // the previous tile is done with sQ
       ++ps.q_loads;
+      // Later tiles: wait until the previous tile is done with sQ. The first has no previous tile
+      // and its Q went out above: with one key block its consumers may release sQ before this
+      // point, and a wait here would then find empty_q a phase on and block (the fresh barrier's
+      // parity-1 pass is gone; tests/mbarrier_protocols.py).
       if (!first_tile) {
+        ptx::mbar_wait(sm.empty_q, q_free_parity);
         ptx::mbar_arrive_expect_tx(sm.full_q, Tile::kQBytes);
         ptx::tma_load_tile<Tile::kChunks, Tile::kBlockM>(a.x_chunks, sm.q, &a.tm_q, sm.full_q, q_row, head, batch);
       }

@@ -21,7 +21,8 @@ slot, item). Checked over every interleaving:
   - a use finds its item loaded and not yet replaced.
 
 The operation lists mirror the kernels' code (mainloop.cuh producer_tile / Consumer::run and
-kernel_fwd.cuh for the forward; kernel_bwd.cuh bwd_produce and the consumers for the backward):
+kernel_fwd.cuh for the forward; kernel_bwd.cuh bwd_produce and the consumers of kernel_bwd.cuh and
+kernel_bwd_wide.cuh for the backward):
 keep them in step when a protocol changes. The forward's hand-off of sQ before session 10 (a tile
 without keys: the producer waited on empty_q and loaded nothing, its consumers released sQ without
 waiting) must be found to deadlock; the current one (the producer also arrives on full_q for such a
@@ -180,7 +181,8 @@ def check_fwd(tiles, stages, consumers, fixed, separate_o):
 
 
 # ---- backward: K/V once per tile, the Q/dO ring per step; tiles without steps skipped by both ---
-def bwd_producer(tiles, stages):
+# wide (kernel_bwd_wide.cuh, d192/d256): Q in its own ring, dO in one buffer released mid-step.
+def bwd_producer(tiles, stages, wide):
     ops, it, kv = [], 0, 0
     for steps in tiles:
         if steps == 0:
@@ -189,12 +191,14 @@ def bwd_producer(tiles, stages):
         kv += 1
         for _ in range(steps):
             st = it % stages
-            ops += [("wait", f"empty{st}", ((it // stages) & 1) ^ 1), ("load", f"qdo{st}", it, f"full{st}")]
+            ops += [("wait", f"empty{st}", ((it // stages) & 1) ^ 1), ("load", f"q{st}", it, f"full{st}")]
+            if wide:
+                ops += [("wait", "empty_do", (it & 1) ^ 1), ("load", "do", it, "full_do")]
             it += 1
     return ops
 
 
-def bwd_consumer(tiles, stages):
+def bwd_consumer(tiles, stages, wide):
     ops, it, kv = [], 0, 0
     for steps in tiles:
         if steps == 0:
@@ -202,19 +206,21 @@ def bwd_consumer(tiles, stages):
         ops += [("wait", "full_kv", kv & 1), use("kv", kv, kv)]
         for _ in range(steps):
             st = it % stages
-            ops += [("wait", f"full{st}", (it // stages) & 1), use(f"qdo{st}", it, it), ("done", f"qdo{st}", it),
-                    ("arrive", f"empty{st}")]
+            ops += [("wait", f"full{st}", (it // stages) & 1), use(f"q{st}", it, it)]
+            if wide:  # dO: both dV GEMMs, then released; Q until dK
+                ops += [("wait", "full_do", it & 1), use("do", it, it), ("done", "do", it), ("arrive", "empty_do")]
+            ops += [("done", f"q{st}", it), ("arrive", f"empty{st}")]
             it += 1
         ops += [("done", "kv", kv), ("arrive", "empty_kv")]
         kv += 1
     return ops
 
 
-def check_bwd(tiles, stages, consumers=2):
-    e = {"full_kv": 1, "empty_kv": consumers}
+def check_bwd(tiles, stages, wide, consumers=2):
+    e = {"full_kv": 1, "empty_kv": consumers, "full_do": 1, "empty_do": consumers}
     for s in range(stages):
         e.update({f"full{s}": 1, f"empty{s}": consumers})
-    return check([bwd_producer(tiles, stages)] + [bwd_consumer(tiles, stages) for _ in range(consumers)], e)
+    return check([bwd_producer(tiles, stages, wide)] + [bwd_consumer(tiles, stages, wide) for _ in range(consumers)], e)
 
 
 def main():
@@ -249,9 +255,11 @@ def main():
         for sep in (True, False):
             report(f"forward sQ + K/V ring, {stages} stages, O {'separate' if sep else 'in sQ'}",
                    [(t, check_fwd(t, stages, 2, True, sep)) for t in full])
-    # The backward: 1–3 tiles of 0–3 query steps, a 2-stage Q/dO ring.
-    report("backward K/V + Q/dO ring, 2 stages", [(t, check_bwd(t, 2)) for n in range(1, 4)
-                                                   for t in itertools.product((0, 1, 2, 3), repeat=n)])
+    # The backward: 1–3 tiles of 0–3 query steps; Q and dO in a 2-stage ring (d64/d128), or Q in a
+    # 2-stage ring and dO in one buffer (d192/d256).
+    bwd = [t for n in range(1, 4) for t in itertools.product((0, 1, 2, 3), repeat=n)]
+    report("backward K/V + Q/dO ring, 2 stages", [(t, check_bwd(t, 2, False)) for t in bwd])
+    report("backward (wide) K/V + Q ring + dO buffer, 2 stages", [(t, check_bwd(t, 2, True)) for t in bwd])
     print("mbarrier protocols:", "FAIL" if bad else "ok")
     return 1 if bad else 0
 

@@ -72,9 +72,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       Consumer<Tile, kF16, kCausal, kHeadDim> c;
       c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work, s.q_len, s.k_len);
       if (n_blocks > 0) first_work = false;
-      // A tile with no keys skipped the ping-pong barriers: make sure the previous tile's TMA store has
-      // finished reading sO (thread 0 waits for it) before this epilogue overwrites it. Otherwise
-      // the ping-pong barriers in run() already ordered thread 0's wait before these writes.
+      // A tile with no keys skipped the ping-pong barriers: make sure the previous tile's TMA
+      // store has finished reading sO (thread 0 waits for it) before this epilogue overwrites it.
+      // Otherwise the ping-pong barriers in run() already ordered thread 0's wait before these writes.
       if (n_blocks == 0) {
         // The producer's arrival for this tile (producer_tile): this tile's release of sQ comes
         // after the producer has seen the previous one's, so empty_q never runs two phases ahead.

@@ -134,9 +134,10 @@ def err(x, ref):
     return d.max().item() if d.numel() else 0.0
 
 
-def run_case(lib, dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
-             mult=1.0, algo="flash", seed=0, deterministic=True):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def case_inputs(dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
+                mult=1.0, gen=None):
+    """A check case's fresh random q, k, v, dout (varlen: packed, batch 1) and the library call's
+    keyword arguments (algo and deterministic are the caller's)."""
     dev = "cuda"
     cu_q = cu_k = None
     max_q = max_k = 0
@@ -149,9 +150,19 @@ def run_case(lib, dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softc
     k = (torch.randn(b, nk, hkv, d, device=dev, generator=gen) * mult).to(dtype)
     v = torch.randn(b, nk, hkv, d, device=dev, generator=gen).to(dtype)
     dout = torch.randn(b, nq, h, d, device=dev, generator=gen).to(dtype)
+    kw = dict(causal=causal, wl=wl, wr=wr, softcap=softcap, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k)
+    return q, k, v, dout, kw
+
+
+def run_case(lib, dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
+             mult=1.0, algo="flash", seed=0, deterministic=True):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    q, k, v, dout, kw = case_inputs(dtype, b, nq, nk, h, hkv, d, causal, wl, wr, softcap, varlen, mult, gen)
+    b, nq = q.shape[0], q.shape[1]
+    cu_q, cu_k = kw["cu_q"], kw["cu_k"]
     scale = 1.0 / math.sqrt(d)
-    kw = dict(causal=causal, wl=wl, wr=wr, softcap=softcap, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k,
-              algo=algo, deterministic=deterministic)
+    kw.update(algo=algo, deterministic=deterministic)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, nq), float("nan"), device=dev)
     lib.forward(q, k, v, out, lse, **kw)

@@ -37,26 +37,13 @@ def main():
     t0 = time.time()
     for ci in (int(x) for x in a.cases.split(",")):
         dt, b, nq, nk, h, hkv, d, kw = ct.CASES[ci]
-        kw = dict(kw)
-        mult = kw.pop("mult", 1.0)
-        cu_q = cu_k = None
-        max_q = max_k = 0
-        if "varlen" in kw:
-            lq, lk = kw.pop("varlen")
-            cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device="cuda")
-            cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device="cuda")
-            b, nq, nk, max_q, max_k = 1, sum(lq), sum(lk), max(lq), max(lk)
-        call = dict(causal=kw.get("causal", False), wl=kw.get("wl", -1), wr=kw.get("wr", -1),
-                    softcap=kw.get("softcap", 0.0), cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, algo="flash")
         bad = 0
         for r in range(a.reps):
             state["rep"] = r
-            q = (torch.randn(b, nq, h, d, device="cuda") * mult).to(dt)
-            k = (torch.randn(b, nk, hkv, d, device="cuda") * mult).to(dt)
-            v = torch.randn(b, nk, hkv, d, device="cuda").to(dt)
-            do = torch.randn_like(q)
+            q, k, v, do, call = ct.case_inputs(dt, b, nq, nk, h, hkv, d, **kw)
+            call["algo"] = "flash"
             out = torch.full_like(q, float("nan"))
-            lse = torch.full((b, h, nq), float("nan"), device="cuda")
+            lse = torch.full((q.shape[0], h, q.shape[1]), float("nan"), device="cuda")
             state["phase"] = f"case {ci} forward"
             lib.forward(q, k, v, out, lse, **call)
             torch.cuda.synchronize()

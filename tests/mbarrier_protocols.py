@@ -38,8 +38,6 @@ def check(parties, expected):
     n = len(parties)
     bars = sorted(expected)
     bidx = {b: i for i, b in enumerate(bars)}
-    # Every consumer's uses per slot, with their item order (the producer loads items in order).
-    uses = [[op for op in ops if op[0] == "use"] for ops in parties]
 
     def slot_item(pos, slot):  # the item the producer loaded last into slot (None: none yet)
         item = None
@@ -48,15 +46,12 @@ def check(parties, expected):
                 item = op[2]
         return item
 
-    def order(item):
-        return -1 if item is None else item
-
     def load_ok(pos, slot, item):
-        # every use of slot by a consumer before this item (its turn of the slot) must be done
+        # every use of slot before this item's turn (use order < item; loads carry their order) is done
         for c in range(1, n):
             done = {(op[1], op[2], j) for j, op in enumerate(parties[c][:pos[c]]) if op[0] == "done"}
             for j, op in enumerate(parties[c]):
-                if op[0] == "use" and op[1] == slot and op[3] < order(item) and \
+                if op[0] == "use" and op[1] == slot and op[3] < item and \
                         not any(d[0] == slot and d[1] == op[2] and d[2] > j for d in done):
                     return f"the producer loads item {item} into {slot} while consumer {c} still uses it (item {op[2]})"
         return None

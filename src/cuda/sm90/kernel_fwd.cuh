@@ -41,7 +41,18 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   if (wg == 0) {
     ptx::setmaxnreg_dec<Tile::kProducerRegs>();
     if (threadIdx.x == 0)
-      for (int idx = Sched::first(a); Sched::valid(a, idx); idx = Sched::next(a, idx)) {
+      for (int idx = Sched::first(a), next_idx; Sched::valid(a, idx); idx = next_idx) {
+        // The next tile's Q into L2 now: a tile's Q is read from DRAM once (K/V are shared by the
+        // head's query blocks and mostly hit L2), and its load waits for this tile's last Q·Kᵀ, a
+        // softmax, a P·V and an epilogue before the consumers need it.
+        next_idx = Sched::next(a, idx);
+        if (a.q_prefetch && Sched::valid(a, next_idx)) {
+          const TileCoord tn = Sched::coord(a, next_idx);
+          const SeqRows sn = seq_rows<kVarlen>(a, tn.batch);
+          if (tn.m_block < a.m_blocks && tn.m_block * Tile::kBlockM < sn.q_len)
+            ptx::tma_prefetch_tile<Tile::kChunks>(a.x_chunks, &a.tm_q, sn.q_start + tn.m_block * Tile::kBlockM, tn.head,
+                                                  sn.batch);
+        }
         const TileCoord tc = Sched::coord(a, idx);
         const SeqRows s = seq_rows<kVarlen>(a, tc.batch);
         producer_tile<Tile, kEmptyTiles>(a, sm, ps, tc.m_block, tc.head, s, tile_keys<Tile, kCausal, kVarlen>(a, tc, s));

@@ -91,6 +91,23 @@ __device__ __forceinline__ void tma_load_tile(bool x_chunks, uint8_t* dst, const
     tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
   }
 }
+// The same box(es) into L2 only (no smem, no barrier): the data is on chip when tma_load_tile
+// asks for it later.
+__device__ __forceinline__ void tma_prefetch_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+               : "memory");
+}
+template <int kChunks>
+__device__ __forceinline__ void tma_prefetch_tile(bool x_chunks, const CUtensorMap* map, int row, int head, int batch) {
+  if (kChunks == 2 && x_chunks) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) tma_prefetch_5d(map, 64 * c, row, 0, head, batch);
+  } else {
+    tma_prefetch_5d(map, 0, row, 0, head, batch);
+  }
+}
 // dst[i] += src[i] (fp32) for bytes/4 contiguous floats, done by the copy engine in L2 (one
 // instruction instead of one atomic per element pair); completes as a bulk group (commit below).
 // The first 1024-byte boundary at or after p: where a kernel's dynamic shared memory is carved from

@@ -193,6 +193,8 @@ void forward(const detail::Params& p) {
   a.sched = fwd_sched_forced();
   static const bool serial = env_knob("FLASHATTN_SM90_FWD_SERIAL", 0) == 1;
   a.serial_softmax = serial;
+  static const bool q_prefetch = env_knob("FLASHATTN_SM90_FWD_Q_PREFETCH", 1) == 1;
+  a.q_prefetch = q_prefetch;
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
   switch (kernel_head_dim(p)) {

@@ -55,8 +55,8 @@ struct FwdArgs {
   int block_n;                           // key tile (fwd_block_n)
   int serial_softmax;                    // measurements (FLASHATTN_SM90_FWD_SERIAL=1): P·V waited for
                                          // before the softmax, as ptxas ordered it before session 4
-  int q_prefetch;                        // the producer prefetches the next tile's Q into L2 (1; 0 for
-                                         // measurements: FLASHATTN_SM90_FWD_Q_PREFETCH=0)
+  int q_prefetch;                        // the producer prefetches the next tile's Q into L2 (sm90.cu
+                                         // forward: d64 non-causal; FLASHATTN_SM90_FWD_Q_PREFETCH)
   int sched;                             // SchedMode (scheduler.cuh): set by launch_fwd unless the host
                                          // forces one (>= 0, FLASHATTN_SM90_FWD_SCHED, measurements)
   // The paired schedules' phase boundary, set on the host with the grid (scheduler.cuh, tail_split):

@@ -193,8 +193,11 @@ void forward(const detail::Params& p) {
   a.sched = fwd_sched_forced();
   static const bool serial = env_knob("FLASHATTN_SM90_FWD_SERIAL", 0) == 1;
   a.serial_softmax = serial;
-  static const bool q_prefetch = env_knob("FLASHATTN_SM90_FWD_Q_PREFETCH", 1) == 1;
-  a.q_prefetch = q_prefetch;
+  // The next tile's Q prefetched into L2: d64 non-causal only, where it shortened the call 3–6 % at
+  // N = 512/1024 (session 10 runs 1–2); elsewhere within ±0.5 % but d256 causal N = 512 −3 %.
+  // FLASHATTN_SM90_FWD_Q_PREFETCH = 0 / 1 turns it off / on everywhere (measurements).
+  static const int q_prefetch = env_knob("FLASHATTN_SM90_FWD_Q_PREFETCH", -1);
+  a.q_prefetch = q_prefetch >= 0 ? q_prefetch : kernel_head_dim(p) == 64 && !causal_kernel(p);
   cudaStream_t s = static_cast<cudaStream_t>(p.stream);
   cudaError_t e = cudaSuccess;
   switch (kernel_head_dim(p)) {

@@ -245,6 +245,11 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 777, 500, 4, 4, 64, {"wr": 40}),
     (torch.bfloat16, 1, 1024, 1024, 4, 4, 256, {"wl": 128}),
     (torch.float16, 1, 513, 513, 4, 4, 192, {"wl": 100, "wr": 100, "softcap": 20.0}),
+    # d64 192-row causal tiles whose warpgroups skip key blocks right of their own rows: Nq > Nk
+    # (warpgroups with every row masked), a right window with GQA, varlen with a short sequence
+    (torch.bfloat16, 1, 3000, 2100, 4, 4, 64, {"causal": True}),
+    (torch.float16, 1, 2100, 3001, 8, 2, 64, {"wl": 300, "wr": 37}),
+    (torch.bfloat16, 1, 0, 0, 4, 4, 64, {"varlen": ([2100, 5, 2500], [2100, 300, 2048]), "causal": True}),
 ]
 
 

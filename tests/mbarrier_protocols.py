@@ -128,9 +128,12 @@ def fwd_producer(tiles, stages, fixed):
     return ops
 
 
-def fwd_consumer(tiles, stages, fixed, separate_o):
+def fwd_consumer(tiles, stages, fixed, separate_o, skips=None):
+    """skips[k]: the first key blocks of tile k this warpgroup skips (causal: right of its rows'
+    bound; Consumer::run) — it releases each once loaded, without using it."""
     ops, g, q = [], 0, 0
     for k, nb in enumerate(tiles):
+        sk = skips[k] if skips else 0
         if nb == 0:
             if fixed:
                 ops.append(("wait", "full_q", q & 1))
@@ -139,12 +142,22 @@ def fwd_consumer(tiles, stages, fixed, separate_o):
                 ops += [use("q", None, k), ("done", "q", None)]
             ops.append(("arrive", "empty_q"))
             continue
-        ops += [("wait", "full_q", q & 1), use("q", k, k)]
+        ops.append(("wait", "full_q", q & 1))
         q += 1
-        s0 = g % stages
-        ops += [("wait", f"full_k{s0}", (g // stages) & 1), use(f"k{s0}", g, g), ("done", f"k{s0}", g),
-                ("arrive", f"empty_k{s0}")]
-        for it in range(1, nb):
+        for it in range(sk):
+            n = g + it
+            st, ph = n % stages, (n // stages) & 1
+            ops += [("wait", f"full_k{st}", ph), ("arrive", f"empty_k{st}"),
+                    ("wait", f"full_v{st}", ph), ("arrive", f"empty_v{st}")]
+        if sk == nb:  # no row of this warpgroup sees a key of the tile
+            ops += [("arrive", "empty_q")] if separate_o else [use("q", None, k), ("done", "q", None), ("arrive", "empty_q")]
+            g += nb
+            continue
+        ops.append(use("q", k, k))
+        s0 = (g + sk) % stages
+        ops += [("wait", f"full_k{s0}", ((g + sk) // stages) & 1), use(f"k{s0}", g + sk, g + sk),
+                ("done", f"k{s0}", g + sk), ("arrive", f"empty_k{s0}")]
+        for it in range(sk + 1, nb):
             n = g + it
             st, pv = n % stages, (n - 1) % stages
             ops += [("wait", f"full_k{st}", (n // stages) & 1), ("wait", f"full_v{pv}", ((n - 1) // stages) & 1),
@@ -169,9 +182,10 @@ def fwd_expected(stages, consumers):
     return e
 
 
-def check_fwd(tiles, stages, consumers, fixed, separate_o):
+def check_fwd(tiles, stages, consumers, fixed, separate_o, skips=None):
+    """skips: per consumer, per tile, the key blocks it skips (None: none)."""
     parties = [fwd_producer(tiles, stages, fixed)] + \
-              [fwd_consumer(tiles, stages, fixed, separate_o) for _ in range(consumers)]
+              [fwd_consumer(tiles, stages, fixed, separate_o, skips[c] if skips else None) for c in range(consumers)]
     return check(parties, fwd_expected(stages, consumers))
 
 
@@ -250,6 +264,32 @@ def main():
         for sep in (True, False):
             report(f"forward sQ + K/V ring, {stages} stages, O {'separate' if sep else 'in sQ'}",
                    [(t, check_fwd(t, stages, 2, True, sep)) for t in full])
+    # Causal warpgroups that skip a tile's first key blocks (fully masked for their rows; a
+    # warpgroup's skip is at least the next one's, its rows coming first): 1–2 tiles of 0–2 key
+    # blocks, 2 stages; 2 consumers (O separate or in sQ) and 3 (192-row tiles: O separate; at
+    # most 3 key blocks in all, 2 + 2 alone took 20 s).
+    def skip_cases(consumers, sep):
+        cases = []
+        for t in [t for n in range(1, 3) for t in itertools.product((0, 1, 2), repeat=n)
+                  if consumers == 2 or sum(t) <= 3]:
+            per_wg = list(itertools.product(*[range(nb + 1) for nb in t]))
+            for skips in itertools.product(per_wg, repeat=consumers):
+                if any(any(s) for s in skips) and all(
+                        a >= b for c in range(consumers - 1) for a, b in zip(skips[c], skips[c + 1])):
+                    cases.append(((t, skips), check_fwd(t, 2, consumers, True, sep, skips)))
+        return cases
+    for consumers, seps in ((2, (True, False)), (3, (True,))):
+        for sep in seps:
+            report(f"forward with skipped key blocks, {consumers} consumers, O {'separate' if sep else 'in sQ'}",
+                   skip_cases(consumers, sep))
+    # A skipped stage released without waiting for its load must be caught: the release can
+    # complete the stage's first phase before the producer's first wait (parity 1, a fresh barrier's
+    # pass), which then blocks.
+    early = [op for op in fwd_consumer((2,), 2, True, True, (1,)) if op != ("wait", "full_k0", 0) and op != ("wait", "full_v0", 0)]
+    caught = check([fwd_producer((2,), 2, True), early, early], fwd_expected(2, 2))
+    print("  a skipped stage released before its load:", "caught" if caught else "NOT caught")
+    if not caught:
+        bad += 1
     # The backward: 1–3 tiles of 0–3 query steps; Q and dO in a 2-stage ring (d64/d128), or Q in a
     # 2-stage ring and dO in one buffer (d192/d256).
     bwd = [t for n in range(1, 4) for t in itertools.product((0, 1, 2, 3), repeat=n)]

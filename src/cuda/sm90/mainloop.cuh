@@ -187,6 +187,10 @@ struct Consumer {
   // Softcap in the main loop (a uniform branch per tile) everywhere but d64 non-causal, whose
   // kernel time it lengthened 1–2 % unused (session 7); those calls fall back (sm90.cu, supports).
   static constexpr bool kSoftcap = kCausal || kHeadDim != 64;
+  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 only: with 128-key
+  // blocks a 64-row warpgroup of a 128-row tile (d128) ends on a block edge, and the d192 and
+  // d256 consumers spilled with it (d192 +72 bytes, d256 92–116).
+  static constexpr bool kSkipMasked = kCausal && kHeadDim == 64;
   Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
@@ -252,6 +256,18 @@ struct Consumer {
                           (wl >= 0 && n * kBlockN < diag_row_min + Tile::kBlockM - 1 - wl)));
     };
 
+    // Causal: the tile's last key blocks can lie right of this warpgroup's last row's bound (the
+    // first rows of a 192-row tile; 80- or 112-key blocks; rows past q_len), fully masked for all
+    // its rows. It skips them: no GEMMs, no softmax. It still takes their turns (the rotation
+    // counts n_blocks + 1 turns per tile) and releases their stages once they are loaded (a release
+    // before the load could complete the previous phase, which others may still be reading).
+    int skip = 0;
+    if (kSkipMasked) {
+      const int wg_row0 = m_block * Tile::kBlockM + 64 * wg;
+      const int wg_keys_end = wg_row0 >= q_len ? 0 : min(k_len, min(q_len, wg_row0 + 64) + k_len - q_len + wr);
+      skip = keys.end - min(keys.end, max(keys.begin, (wg_keys_end + kBlockN - 1) / kBlockN));
+    }
+
     float acc_s[kSRegs];
     uint32_t p[kPSteps][4];
     float rescale[2];
@@ -259,9 +275,26 @@ struct Consumer {
     if (wg == 0 && first_of_cta) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 goes first
     ptx::mbar_wait(sm.full_q, q_phase);
 
-    // Prologue: tile 0 (the last key tile, n = keys.end - 1).
-    const int stage0 = it0 % Tile::kStages;
-    ptx::mbar_wait(sm.full_k + stage0, (it0 / Tile::kStages) & 1);
+    for (int it = 0; it < skip; ++it) {
+      const int g = it0 + it, stage = g % Tile::kStages;
+      const uint32_t phase = (g / Tile::kStages) & 1;
+      turn_begin(wg);
+      turn_end(wg, false);
+      ptx::mbar_wait(sm.full_k + stage, phase);
+      if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
+      ptx::mbar_wait(sm.full_v + stage, phase);
+      if (t == 0) ptx::mbar_arrive(sm.empty_v + stage);
+    }
+    if (kSkipMasked && skip == n_blocks) {  // every row masked or past q_len: acc_o 0, the state as new
+      if (Tile::kSeparateO && t == 0) ptx::mbar_arrive(sm.empty_q);
+      turn_begin(wg);  // the turn of the last P·V
+      turn_end(wg, last_of_cta);
+      return;
+    }
+
+    // Prologue: tile 0 (the last key tile this warpgroup needs, n = keys.end - 1 - skip).
+    const int g0 = it0 + skip, stage0 = g0 % Tile::kStages;
+    ptx::mbar_wait(sm.full_k + stage0, (g0 / Tile::kStages) & 1);
     turn_begin(wg);
     issue_qk(acc_s, q_base, k_base + stage0 * Tile::kKVBytes);
     turn_end(wg, false);
@@ -269,7 +302,7 @@ struct Consumer {
     ptx::fence_operand(acc_s);
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
-      const int n = keys.end - 1;
+      const int n = keys.end - 1 - skip;
       if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (kCausal) {
@@ -287,7 +320,7 @@ struct Consumer {
       convert_p(acc_s, p);
     }
 
-    for (int it = 1; it < n_blocks; ++it) {
+    for (int it = skip + 1; it < n_blocks; ++it) {
       const int n = keys.end - 1 - it;
       const int g = it0 + it;
       const int stage = g % Tile::kStages, prev = (g - 1) % Tile::kStages;

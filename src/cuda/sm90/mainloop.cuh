@@ -260,12 +260,17 @@ struct Consumer {
     // first rows of a 192-row tile; 80- or 112-key blocks; rows past q_len), fully masked for all
     // its rows. It skips them: no GEMMs, no softmax. It still takes their turns (the rotation
     // counts n_blocks + 1 turns per tile) and releases their stages once they are loaded (a release
-    // before the load could complete the previous phase, which others may still be reading).
+    // before the load can complete a fresh barrier's first phase before the producer's first
+    // wait, which then blocks: tests/mbarrier_protocols.py).
+    // The skip and the branches on it go through warp reductions (REDUX: uniform registers).
+    // Computed per thread, they made ptxas move the main loop's stage and descriptor arithmetic
+    // out of the uniform datapath (R2UR 8 → 32 in the loop), and every d64 causal row ran 3–8 %
+    // slower (session 11, runs 5–6; a never-taken branch on a per-thread value alone cost 2–4 %).
     int skip = 0;
     if (kSkipMasked) {
       const int wg_row0 = m_block * Tile::kBlockM + 64 * wg;
       const int wg_keys_end = wg_row0 >= q_len ? 0 : min(k_len, min(q_len, wg_row0 + 64) + k_len - q_len + wr);
-      skip = keys.end - min(keys.end, max(keys.begin, (wg_keys_end + kBlockN - 1) / kBlockN));
+      skip = __reduce_max_sync(0xffffffffu, unsigned(keys.end - min(keys.end, max(keys.begin, (wg_keys_end + kBlockN - 1) / kBlockN))));
     }
 
     float acc_s[kSRegs];
@@ -285,10 +290,12 @@ struct Consumer {
       ptx::mbar_wait(sm.full_v + stage, phase);
       if (t == 0) ptx::mbar_arrive(sm.empty_v + stage);
     }
-    if (kSkipMasked && skip == n_blocks) {  // every row masked or past q_len: acc_o 0, the state as new
+    // Every row masked or past q_len: acc_o 0, the state as new.
+    if (kSkipMasked && __reduce_or_sync(0xffffffffu, unsigned(skip == n_blocks))) {
       if (Tile::kSeparateO && t == 0) ptx::mbar_arrive(sm.empty_q);
-      turn_begin(wg);  // the turn of the last P·V
-      turn_end(wg, last_of_cta);
+      turn_begin(wg);  // the turn of the last P·V (turn_end's test, as a reduction)
+      if (!__reduce_or_sync(0xffffffffu, unsigned(last_of_cta && wg == Tile::kConsumerWGs - 1)))
+        ptx::named_bar_arrive(kSchedBar + (wg + 1) % Tile::kConsumerWGs, 256);
       return;
     }
 

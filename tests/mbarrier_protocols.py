@@ -26,7 +26,9 @@ kernel_bwd_wide.cuh for the backward):
 keep them in step when a protocol changes. The forward's hand-off of sQ before session 10 (a tile
 without keys: the producer waited on empty_q and loaded nothing, its consumers released sQ without
 waiting) must be found to deadlock; the current one (the producer also arrives on full_q for such a
-tile, its consumers wait for that first) must pass.
+tile, its consumers wait for that first) must pass. Causal consumer warpgroups may skip a tile's
+first key blocks (session 11): they release each skipped stage after waiting for its load; a
+release before the load must be found to deadlock.
 """
 import itertools
 import sys

@@ -248,7 +248,10 @@ struct Consumer {
     // side comes clamped to seqlen_q); the non-causal ones none (with the window checks in its
     // main loop the d256 non-causal consumer spilled). FragmentSoftmax::mask ignores them there.
     const int wl = a.window_left, wr = a.window_right;
-    const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
+    // The warpgroup's Q rows, its index through a warp reduction (REDUX: a uniform register), so
+    // the Q·Kᵀ descriptors are formed in uniform registers (computed from the per-thread index
+    // they sat in 2 vector registers per k16 step, moved over by R2UR before every wgmma).
+    const uint32_t q_base = ptx::smem_addr(sm.q) + __reduce_max_sync(0xffffffffu, unsigned(wg)) * 64 * 128;
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {
       const int key_end = (n + 1) * kBlockN;

@@ -187,11 +187,11 @@ struct Consumer {
   // Softcap in the main loop (a uniform branch per tile) everywhere but d64 non-causal, whose
   // kernel time it lengthened 1–2 % unused (session 7); those calls fall back (sm90.cu, supports).
   static constexpr bool kSoftcap = kCausal || kHeadDim != 64;
-  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 only, so far: with
-  // 128-key blocks a 64-row warpgroup of a 128-row tile (d128) ends on a block edge; at d256 (80-key
-  // blocks) the skip is built but not yet measured (branch exp-wg-skip-wide); d192's varlen
-  // consumer spilled 12 bytes with it.
-  static constexpr bool kSkipMasked = kCausal && kHeadDim == 64;
+  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 (192-row tiles) and
+  // d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less). Not
+  // d128 (with 128-key blocks a 64-row warpgroup's bound falls on a block edge) nor d192 (its
+  // varlen consumer spilled 12 bytes).
+  static constexpr bool kSkipMasked = kCausal && (kHeadDim == 64 || kHeadDim == 256);
   Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).

@@ -172,7 +172,8 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
 }
 
 // ---- consumer: one warpgroup, 64 query rows --------------------------------------------------------
-template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+// kSoftcap: the kernel's softcap instance (kernel_fwd.cuh, launch_fwd_tile).
+template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kSoftcap>
 struct Consumer {
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kSRegs = kBlockN / 2;
@@ -184,9 +185,6 @@ struct Consumer {
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
   static constexpr bool kLazyRescale = kHeadDim >= 192 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
-  // Softcap in the main loop (a uniform branch per tile) everywhere but d64 non-causal, whose
-  // kernel time it lengthened 1–2 % unused (session 7); those calls fall back (sm90.cu, supports).
-  static constexpr bool kSoftcap = kCausal || kHeadDim != 64;
   // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 (192-row tiles) and
   // d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less). Not
   // d128 (with 128-key blocks a 64-row warpgroup's bound falls on a block edge) nor d192 (its
@@ -314,7 +312,7 @@ struct Consumer {
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
       const int n = keys.end - 1 - skip;
-      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (kCausal) {
         // The diagonal tile: the column blocks right of this warp's last row's last key are
@@ -345,7 +343,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
-      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
         if (a.q_prefetch && Sched::valid(a, next_idx)) {
           const TileCoord tn = Sched::coord(a, next_idx);
           const SeqRows sn = seq_rows<kVarlen>(a, tn.batch);
-          if (tn.m_block < a.m_blocks && tn.m_block * Tile::kBlockM < sn.q_len)
+          if (tile_has_rows<Tile, kVarlen>(a, tn, sn))
             ptx::tma_prefetch_tile<Tile::kChunks>(a.x_chunks, &a.tm_q, sn.q_start + tn.m_block * Tile::kBlockM, tn.head,
                                                   sn.batch);
         }

@@ -95,12 +95,16 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const SeqRows& s
   return {first, end <= 0 ? first : max(first, (end + Tile::kBlockN - 1) / Tile::kBlockN)};
 }
 
-// The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
-// heads·batch; m_block = m_blocks) or one past its sequence's rows (varlen).
+// Whether a scheduled tile has query rows: not a virtual one (scheduler.cuh: paired modes, odd
+// heads·batch; m_block = m_blocks) nor, with varlen, one past its sequence's rows. Its key tiles:
+// none without rows.
+template <class Tile, bool kVarlen>
+__device__ __forceinline__ bool tile_has_rows(const FwdArgs& a, const TileCoord& tc, const SeqRows& s) {
+  return kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
+}
 template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const SeqRows& s) {
-  const bool rows = kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
-  return rows ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
+  return tile_has_rows<Tile, kVarlen>(a, tc, s) ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------

@@ -250,6 +250,10 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 3000, 2100, 4, 4, 64, {"causal": True}),
     (torch.float16, 1, 2100, 3001, 8, 2, 64, {"wl": 300, "wr": 37}),
     (torch.bfloat16, 1, 0, 0, 4, 4, 64, {"varlen": ([2100, 5, 2500], [2100, 300, 2048]), "causal": True}),
+    # softcap on the d64 non-causal Hopper forward (its own kernel instance since session 11; it
+    # fell back before): GQA, varlen with an empty entry
+    (torch.bfloat16, 1, 700, 900, 8, 2, 64, {"softcap": 15.0}),
+    (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([300, 0, 513], [200, 64, 700]), "softcap": 10.0}),
 ]
 
 

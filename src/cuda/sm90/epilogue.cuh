@@ -14,9 +14,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen>
+template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen, bool kSoftcap>
 __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
-                                         Consumer<Tile, kF16, kCausal, kHeadDim>& c, int wg, int m_block,
+                                         Consumer<Tile, kF16, kCausal, kHeadDim, kSoftcap>& c, int wg, int m_block,
                                          int head, const SeqRows& s) {
   constexpr int kORegs = kHeadDim / 2;
   const int t = threadIdx.x % 128, lane = t % 32;

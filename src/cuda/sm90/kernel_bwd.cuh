@@ -277,7 +277,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
   }
 
   ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
-  const int g = wg - 1;  // consumer warpgroup: keys 64g .. 64g + 63 of the tile
+  // The consumer warpgroup: keys 64g .. 64g + 63 of the tile. Through a warp reduction (REDUX: a
+  // uniform register) ptxas forms the wgmma descriptors that depend on it in uniform registers:
+  // computed per thread they sat in vector registers, moved over by R2UR before every wgmma (57
+  // R2UR in the d128 step's loop, 5 now; the loop 968 -> 828 instructions). Not with a softcap:
+  // that instance (already 8 bytes of spill) spilled 18–38 bytes with it.
+  const int g = kSoftcap ? wg - 1 : int(__reduce_max_sync(0xffffffffu, unsigned(wg - 1)));
   const int t = threadIdx.x % 128, lane = t % 32;
   constexpr int kSRegs = kBlockM / 2;   // Sᵀ, dPᵀ accumulators (64 × kBlockM)
   constexpr int kDRegs = kHeadDim / 2;  // dK, dV accumulators (64 × D)

@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
   }
 
   ptx::setmaxnreg_inc<Tile::kConsumerRegs>();
-  const int g = wg - 1;  // 0: Sᵀ and Pᵀ; 1: dPᵀ and dSᵀ; head-dim half g of dK, dV, dQ
+  // 0: Sᵀ and Pᵀ; 1: dPᵀ and dSᵀ; head-dim half g of dK, dV, dQ. Through a warp reduction (REDUX: a
+  // uniform register): its branches and descriptors stay in the uniform datapath (kernel_bwd.cuh).
+  const int g = int(__reduce_max_sync(0xffffffffu, unsigned(wg - 1)));
   const int t = threadIdx.x % 128, lane = t % 32;
   constexpr int kSteps = kBlockM / 16;  // k16 slices over queries (dV, dK) or keys (dQ)
   const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);

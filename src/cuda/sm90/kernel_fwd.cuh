@@ -15,7 +15,7 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal, bool kVarlen>
+template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal, bool kVarlen, bool kSoftcap>
 __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdArgs a) {
   using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
         if (a.q_prefetch && Sched::valid(a, next_idx)) {
           const TileCoord tn = Sched::coord(a, next_idx);
           const SeqRows sn = seq_rows<kVarlen>(a, tn.batch);
-          if (tn.m_block < a.m_blocks && tn.m_block * Tile::kBlockM < sn.q_len)
+          if (tile_has_rows<Tile, kVarlen>(a, tn, sn))
             ptx::tma_prefetch_tile<Tile::kChunks>(a.x_chunks, &a.tm_q, sn.q_start + tn.m_block * Tile::kBlockM, tn.head,
                                                   sn.batch);
         }
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       const SeqRows s = seq_rows<kVarlen>(a, tc.batch);
       const KeyTiles keys = tile_keys<Tile, kCausal, kVarlen>(a, tc, s);
       const int n_blocks = keys.count();
-      Consumer<Tile, kF16, kCausal, kHeadDim> c;
+      Consumer<Tile, kF16, kCausal, kHeadDim, kSoftcap> c;
       c.run(a, sm, ps, wg - 1, tc.m_block, keys, first_work, idx == last_work, s.q_len, s.k_len);
       if (n_blocks > 0) first_work = false;
       // A tile with no keys skipped the ping-pong barriers: make sure the previous tile's TMA
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
         if (kEmptyTiles) ptx::mbar_wait(sm.full_q, ps.q_loads++ & 1);
         ptx::named_bar_sync(1 + (wg - 1), 128);
       }
-      epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen>(a, sm, c, wg - 1, tc.m_block, tc.head, seq_rows<kVarlen>(a, tc.batch));
+      epilogue<Tile, kF16, kCausal, kHeadDim, kVarlen, kSoftcap>(a, sm, c, wg - 1, tc.m_block, tc.head, seq_rows<kVarlen>(a, tc.batch));
       // O was staged in sQ (d256) or the tile had no keys (run() released nothing): release sQ
       // now, after thread 0's wait for the TMA store's smem reads and (O in sQ) every thread's
       // reads of the varlen epilogue's plain stores.
@@ -107,14 +107,21 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
 template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
 cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
-  // Varlen is the kernel's own instance: its per-sequence rows and clipped stores cost the
-  // kernel without them 1–3 % at d64 causal (docs/perf-log.md, session 9).
-  const bool varlen = args.cu_seqlens_q != nullptr;
-  auto kernel = varlen ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true>
-                       : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false>;
+  // Varlen and softcap are the kernel's own instances: varlen's per-sequence rows and clipped
+  // stores cost the kernel without them 1–3 % at d64 causal (docs/perf-log.md, session 9); the
+  // softcap's code in the main loop, skipped by a uniform branch, 1–2 % at d64 non-causal (session
+  // 7) and a third of the d128 loop body's instructions (session 11).
+  // No softcap instance with 192-row tiles (its consumers spilled): fwd_block_m takes 128 rows then.
+  constexpr bool kSoftcapTile = kBlockM != 192;
+  const bool varlen = args.cu_seqlens_q != nullptr, softcap = args.softcap_scale > 0.f;
+  if (softcap && !kSoftcapTile) return cudaErrorInvalidValue;
+  auto kernel = varlen ? (softcap ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true, kSoftcapTile>
+                                  : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true, false>)
+                       : (softcap ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false, kSoftcapTile>
+                                  : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false, false>);
   constexpr int smem = Smem<Tile>::kBytes;
-  static std::atomic<uint64_t> smem_set[2];  // devices each kernel's attribute is set on (static: zeroed)
-  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[varlen]);
+  static std::atomic<uint64_t> smem_set[4];  // devices each kernel's attribute is set on (static: zeroed)
+  cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[2 * varlen + softcap]);
   if (e != cudaSuccess) return e;
   int dev = 0, sms = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;

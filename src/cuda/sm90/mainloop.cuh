@@ -95,12 +95,16 @@ __device__ __forceinline__ KeyTiles key_range(const FwdArgs& a, const SeqRows& s
   return {first, end <= 0 ? first : max(first, (end + Tile::kBlockN - 1) / Tile::kBlockN)};
 }
 
-// The key tiles of a scheduled tile: none for a virtual one (scheduler.cuh: paired modes, odd
-// heads·batch; m_block = m_blocks) or one past its sequence's rows (varlen).
+// Whether a scheduled tile has query rows: not a virtual one (scheduler.cuh: paired modes, odd
+// heads·batch; m_block = m_blocks) nor, with varlen, one past its sequence's rows. Its key tiles:
+// none without rows.
+template <class Tile, bool kVarlen>
+__device__ __forceinline__ bool tile_has_rows(const FwdArgs& a, const TileCoord& tc, const SeqRows& s) {
+  return kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
+}
 template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ KeyTiles tile_keys(const FwdArgs& a, const TileCoord& tc, const SeqRows& s) {
-  const bool rows = kVarlen ? tc.m_block * Tile::kBlockM < s.q_len : tc.m_block < a.m_blocks;
-  return rows ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
+  return tile_has_rows<Tile, kVarlen>(a, tc, s) ? key_range<Tile, kCausal>(a, s, tc.m_block) : KeyTiles{0, 0};
 }
 
 // ---- producer: one thread of warpgroup 0 ---------------------------------------------------------
@@ -172,7 +176,8 @@ __device__ __forceinline__ void producer_tile(const FwdArgs& a, Smem<Tile>& sm, 
 }
 
 // ---- consumer: one warpgroup, 64 query rows --------------------------------------------------------
-template <class Tile, bool kF16, bool kCausal, int kHeadDim>
+// kSoftcap: the kernel's softcap instance (kernel_fwd.cuh, launch_fwd_tile).
+template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kSoftcap>
 struct Consumer {
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kSRegs = kBlockN / 2;
@@ -184,14 +189,11 @@ struct Consumer {
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
   static constexpr bool kLazyRescale = kHeadDim >= 192 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
-  // Softcap in the main loop (a uniform branch per tile) everywhere but d64 non-causal, whose
-  // kernel time it lengthened 1–2 % unused (session 7); those calls fall back (sm90.cu, supports).
-  static constexpr bool kSoftcap = kCausal || kHeadDim != 64;
-  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 only, so far: with
-  // 128-key blocks a 64-row warpgroup of a 128-row tile (d128) ends on a block edge; at d256 (80-key
-  // blocks) the skip is built but not yet measured (branch exp-wg-skip-wide); d192's varlen
-  // consumer spilled 12 bytes with it.
-  static constexpr bool kSkipMasked = kCausal && kHeadDim == 64;
+  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 (192-row tiles) and
+  // d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less). Not
+  // d128 (with 128-key blocks a 64-row warpgroup's bound falls on a block edge) nor d192 (its
+  // varlen consumer spilled 12 bytes).
+  static constexpr bool kSkipMasked = kCausal && (kHeadDim == 64 || kHeadDim == 256);
   Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).
@@ -248,7 +250,10 @@ struct Consumer {
     // side comes clamped to seqlen_q); the non-causal ones none (with the window checks in its
     // main loop the d256 non-causal consumer spilled). FragmentSoftmax::mask ignores them there.
     const int wl = a.window_left, wr = a.window_right;
-    const uint32_t q_base = ptx::smem_addr(sm.q) + wg * 64 * 128;
+    // The warpgroup's Q rows, its index through a warp reduction (REDUX: a uniform register), so
+    // the Q·Kᵀ descriptors are formed in uniform registers (computed from the per-thread index
+    // they sat in 2 vector registers per k16 step, moved over by R2UR before every wgmma).
+    const uint32_t q_base = ptx::smem_addr(sm.q) + __reduce_max_sync(0xffffffffu, unsigned(wg)) * 64 * 128;
     const uint32_t k_base = ptx::smem_addr(sm.k), v_base = ptx::smem_addr(sm.v);
     auto needs_mask = [&](int n) {
       const int key_end = (n + 1) * kBlockN;
@@ -311,7 +316,7 @@ struct Consumer {
     if (t == 0) ptx::mbar_arrive(sm.empty_k + stage0);
     {
       const int n = keys.end - 1 - skip;
-      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (kCausal) {
         // The diagonal tile: the column blocks right of this warp's last row's last key are
@@ -342,7 +347,7 @@ struct Consumer {
       ptx::wgmma_wait<1>();  // S ready; P·V of the previous tile may still run
       ptx::fence_operand(acc_s);
       if (t == 0) ptx::mbar_arrive(sm.empty_k + stage);
-      if (kSoftcap && a.softcap_scale > 0.f) Softmax::softcap(acc_s, a.softcap_scale);
+      if (kSoftcap) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (a.serial_softmax) ptx::wgmma_wait<0>();
       softmax.step(acc_s, a.scale_log2, rescale);

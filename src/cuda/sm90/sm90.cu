@@ -104,11 +104,12 @@ namespace {
 // The head dim of the kernel a call runs: head_dim 96 runs the d128 kernels (FwdArgs::x_chunks).
 int kernel_head_dim(const detail::Params& p) { return p.head_dim == 96 ? 128 : int(p.head_dim); }
 
-// fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64) for measurements.
+// fwd_block_m, or FLASHATTN_SM90_FWD_BLOCK_M (128 or 192; 192 only at d64 without a softcap) for
+// measurements.
 int fwd_block_m_for(const detail::Params& p) {
   static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_M", 0);
-  if (forced == 128 || (forced == 192 && p.head_dim == 64)) return forced;
-  return fwd_block_m(kernel_head_dim(p), causal_kernel(p), p.max_rows_q(), p.max_rows_k());
+  if (forced == 128 || (forced == 192 && p.head_dim == 64 && p.softcap == 0.f)) return forced;
+  return fwd_block_m(kernel_head_dim(p), causal_kernel(p), p.max_rows_q(), p.max_rows_k(), p.softcap != 0.f);
 }
 
 // The tile schedule (scheduler.cuh) chosen per call, or FLASHATTN_SM90_FWD_SCHED = 0 (strided), 1 (one
@@ -139,7 +140,6 @@ bool supports(const detail::Params& p) {
   if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
     return false;
   if (p.max_rows_q() <= 0) return false;  // varlen without query rows: nothing for this kernel
-  if (p.softcap != 0.f && p.head_dim == 64 && !causal_kernel(p)) return false;  // Consumer::kSoftcap
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;

@@ -27,8 +27,10 @@ namespace flashattn::cuda::sm90 {
 // GEMMs (docs/perf-log.md), so a third warpgroup's softmax hides behind two others' GEMMs: measured
 // on the H200 +11–18 % non-causal, causal +6–12 % at N >= 2048 but −6–9 % at N = 512/1024 (more of
 // a 192-row diagonal tile is masked work, and short causal grids have fewer tiles to balance).
-inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long seqlen_k) {
-  if (head_dim != 64) return 128;
+// With a softcap 128 rows: the 192-row softcap instances (160 registers a consumer thread) spilled
+// 36–68 bytes (session 11).
+inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long seqlen_k, bool softcap) {
+  if (head_dim != 64 || softcap) return 128;
   return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
 }
 

@@ -143,8 +143,78 @@ def check_fast_div():
     return fails
 
 
+# ---- the non-causal schedule's stream-K tail (scheduler.cuh: set_stream_k, StreamKTail) ----------
+def set_stream_k(tiles, g, blocks):
+    """sk_begin, or tiles for no tail."""
+    if tiles <= g or tiles % g == 0 or blocks < 4:
+        return tiles
+    begin = (tiles // g - 1) * g
+    if (tiles - begin) * blocks * g >= 2**31:
+        return tiles
+    return begin
+
+
+def stream_k_items(tiles, g, blocks, c):
+    """CTA c's items (tile, kb_begin, kb_end, slot) in order: its strided tiles, then its tail."""
+    begin = set_stream_k(tiles, g, blocks)
+    items = [(idx, 0, blocks, -1) for idx in range(c, begin, g)]
+    if begin < tiles:
+        units = (tiles - begin) * blocks
+        u0, u1 = fast_div(c * units, g), fast_div((c + 1) * units, g)
+        for t in range(u0 // blocks, (u1 - 1) // blocks + 1):
+            lo = t * blocks
+            b, e = max(u0, lo) - lo, min(u1, lo + blocks) - lo
+            items.append((begin + t, b, e, c if b > 0 else c + 1 if e < blocks else -1))
+    return items
+
+
+def check_stream_k(sms=132):
+    fails = 0
+    for tiles in list(range(1, 3 * sms + 7)) + [2048, 2816, 1024, 3072, 10000]:
+        for blocks in (1, 3, 4, 5, 8, 16, 47, 128):
+            g = min(tiles, sms)
+            begin = set_stream_k(tiles, g, blocks)
+            cover, parts, loads = {}, {}, []
+            for c in range(g):
+                its = stream_k_items(tiles, g, blocks, c)
+                loads.append(sum(e - b for _, b, e, _ in its))
+                for k, (idx, b, e, slot) in enumerate(its):
+                    for kb in range(b, e):
+                        cover[(idx, kb)] = cover.get((idx, kb), 0) + 1
+                    if slot >= 0:
+                        # the low part is the CTA's last item, the high part its first (a later CTA's)
+                        low, k0 = b == 0, sum(1 for it in its if it[0] < begin)
+                        if (low and (k != len(its) - 1 or slot != c + 1)) or (not low and (k != k0 or slot != c)):
+                            fails += 1
+                            print(f"stream-K: tiles={tiles} g={g} blocks={blocks} c={c}: cut part {idx} [{b},{e}) out of place")
+                        if not 1 <= slot < g:
+                            fails += 1
+                            print(f"stream-K: slot {slot} out of range (g={g})")
+                        parts.setdefault(slot, []).append((idx, b, e, c))
+            if set(cover) != {(i, kb) for i in range(tiles) for kb in range(blocks)} or any(v != 1 for v in cover.values()):
+                fails += 1
+                print(f"stream-K coverage FAILED tiles={tiles} g={g} blocks={blocks}")
+            for slot, ps in parts.items():  # two parts of one tile, from CTAs slot-1 and slot, meeting
+                if len(ps) != 2 or ps[0][0] != ps[1][0] or sorted(p[3] for p in ps) != [slot - 1, slot] or \
+                        sorted((p[1], p[2]) for p in ps)[0][1] != sorted((p[1], p[2]) for p in ps)[1][0]:
+                    fails += 1
+                    print(f"stream-K: slot {slot} parts {ps} (tiles={tiles} g={g} blocks={blocks})")
+            if begin < tiles and max(loads) - min(loads) > 1:
+                fails += 1
+                print(f"stream-K imbalance tiles={tiles} g={g} blocks={blocks}: {min(loads)}..{max(loads)}")
+    # the FlashAttention grid at d128 (2048 tiles): every CTA ends within one key block
+    g = sms
+    for n in (2048, 4096, 8192):
+        nb = n // 128 if n < 8192 else -(-n // 176)
+        loads = [sum(e - b for _, b, e, _ in stream_k_items(2048, g, nb, c)) for c in range(g)]
+        print(f"  stream-K d128 grid N={n}: {2048 * nb / g:.1f} key blocks per CTA on average, "
+              f"largest {max(loads)} (16 rounds of whole tiles: {16 * nb})")
+    return fails
+
+
 def main():
     fails = check_fast_div()
+    fails += check_stream_k()
     sms = 132
     tail_ratio = []
     for causal in (False, True):

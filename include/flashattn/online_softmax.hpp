@@ -115,13 +115,21 @@ struct SoftmaxState {
   // the union.
   template <class A, class B>
   FLASHATTN_HD void merge(const SoftmaxState& other, const B* other_acc, int dim, A* acc) {
+    Acc a, b;
+    if (!merge_scales(other, a, b)) return;  // both empty
+    for (int c = 0; c < dim; ++c) acc[c] = A(Acc(acc[c]) * a + Acc(other_acc[c]) * b);
+  }
+  // The state half of merge, for callers whose acc is laid out otherwise (the Hopper forward's
+  // register fragments): this state becomes the union's, and acc must become acc·a + other_acc·b.
+  // Returns false (nothing changed, a and b unset) when both are empty.
+  FLASHATTN_HD bool merge_scales(const SoftmaxState& other, Acc& a, Acc& b) {
     const Acc m_new = other.row_max > row_max ? other.row_max : row_max;
-    if (m_new == softmax_math::neg_inf<Acc>()) return;  // both empty
-    const Acc a = softmax_math::exp_base(row_max - m_new, kLog2);
-    const Acc b = softmax_math::exp_base(other.row_max - m_new, kLog2);
+    if (m_new == softmax_math::neg_inf<Acc>()) return false;
+    a = softmax_math::exp_base(row_max - m_new, kLog2);
+    b = softmax_math::exp_base(other.row_max - m_new, kLog2);
     row_sum = row_sum * a + other.row_sum * b;
     row_max = m_new;
-    for (int c = 0; c < dim; ++c) acc[c] = A(Acc(acc[c]) * a + Acc(other_acc[c]) * b);
+    return true;
   }
 
   // 1 / row_sum, or 0 for a row that saw no key (its acc is 0, so the output becomes 0).

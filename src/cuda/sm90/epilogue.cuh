@@ -81,4 +81,68 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   if (t == 0 && row_start < s.q_len && tma) ptx::tma_store_wait_read();  // smem must outlive the reads
 }
 
+// Stream-K tail (scheduler.cuh, StreamKTail): this warpgroup ran one of the two parts of a cut
+// tile. The first part in leaves its state in split slot `slot` — acc_o (unnormalized) and each
+// row half's running max and per-thread sum, register-major so each store instruction covers 512
+// consecutive bytes — and returns false; the second merges it (SoftmaxState::merge_scales) and
+// returns true: it stores the tile. The second waits only for a part that is already running (it
+// took the counter first), so no CTA waits for another to be scheduled.
+template <class Tile, class C>
+__device__ __forceinline__ bool stream_k_meet(const FwdArgs& a, C& c, int wg, int slot) {
+  constexpr int kORegs = C::kORegs, kFloats = kORegs + 4;
+  const int t = threadIdx.x % 128;
+  const int id = slot * Tile::kConsumerWGs + wg;
+  // The addresses are formed here, from opaque copies of the parameters: hoisted out of the tile
+  // loop (as ptxas did), they stayed live across the main loop and the 176-key, d256 and d64
+  // consumers spilled.
+  int* sync = ptx::opaque(a.sk_sync);
+  float* part = ptx::opaque(a.sk_part) + size_t(id) * kFloats * 128 + t;
+  int* count = sync + id;
+  int* ready = sync + int(gridDim.x) * Tile::kConsumerWGs + id;
+  // Through a warp reduction: ptxas then knows the branch is warp-uniform (a per-thread branch
+  // here moved the main loops' descriptor math out of the uniform registers: R2UR 0 → 32).
+  const bool first = __reduce_or_sync(0xffffffffu, unsigned(ptx::named_bar_or(1 + wg, 128, t == 0 && atomicAdd(count, 1) == 0)));
+  if (first) {
+#pragma unroll
+    for (int r = 0; r < kORegs; ++r) __stcg(part + r * 128, c.acc_o[r]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      __stcg(part + (kORegs + 2 * h) * 128, c.softmax.state[h].row_max);
+      __stcg(part + (kORegs + 2 * h + 1) * 128, c.softmax.state[h].row_sum);
+    }
+    ptx::named_bar_sync(1 + wg, 128);  // every thread's stores, then the flag
+    if (t == 0) {
+      __threadfence();
+      ptx::st_release_gpu(ready, 1);
+    }
+    return false;
+  }
+  if (t == 0)
+    while (ptx::ld_acquire_gpu(ready) == 0) {
+    }
+  ptx::named_bar_sync(1 + wg, 128);
+  float sa[2], sb[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    typename C::Softmax::State other;
+    other.row_max = __ldcg(part + (kORegs + 2 * h) * 128);
+    other.row_sum = __ldcg(part + (kORegs + 2 * h + 1) * 128);
+    if (!c.softmax.state[h].merge_scales(other, sa[h], sb[h])) sa[h] = 1.f, sb[h] = 0.f;
+  }
+  // In groups of 8 loads (all at once, the d256 and 176-key consumers spilled).
+#pragma unroll
+  for (int r0 = 0; r0 < kORegs; r0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __ldcg(part + (r0 + i) * 128);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int h = ((r0 + i) >> 1) & 1;
+      c.acc_o[r0 + i] = c.acc_o[r0 + i] * sa[h] + v[i] * sb[h];
+    }
+    asm volatile("" ::: "memory");
+  }
+  return true;
+}
+
 }  // namespace flashattn::cuda::sm90

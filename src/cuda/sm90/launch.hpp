@@ -85,6 +85,17 @@ struct FwdArgs {
   long long o_row_stride, o_head_stride;  // elements
   int x_chunks;  // 1 for head_dim 96 (on the d128 kernels): the maps hold the row's 96 elements as
                  // dimension 0, each 64-column chunk its own TMA load/store at x = 64·c (sm90.cu, make_map)
+  // Stream-K tail of the non-causal schedule without varlen (scheduler.cuh, StreamKTail; set on
+  // the host, set_stream_k): tiles [sk_begin, sk_total) are cut into key blocks (sk_blocks per
+  // tile) spread evenly over the grid, and the strided chains end at sched_total = sk_begin;
+  // sk_begin = sk_total: none. A tile cut between two CTAs is finished by the part that gets there
+  // second (per consumer warpgroup): sk_sync holds a counter of the parts in and a ready flag per
+  // split and warpgroup (zeroed per call), sk_part the first part's state (acc_o, row max and sum
+  // per thread). Last in FwdArgs: placed before the window, they moved the other kernels' code.
+  int stream_k;  // host: the tail is allowed (sm90.cu; FLASHATTN_SM90_FWD_STREAMK=0: not)
+  int sk_begin, sk_total, sk_blocks;
+  float* sk_part;
+  int* sk_sync;
 };
 
 // The backward kernel's arguments (kernel_bwd.cuh). The per-query-row statistics and the fp32 dQ

@@ -113,6 +113,52 @@ struct TileScheduler {
   }
 };
 
+// Stream-K tail (non-causal kernels without varlen; FwdArgs::sk_*). The strided schedule runs
+// ceil(tiles / G) rounds, the last one partly idle (the grid: 2048 d128 tiles on 132 SMs = 15.5
+// rounds run as 16). With a tail, the rounds before the last full one stay whole tiles, and the
+// remaining W tiles (G <= W < 2G) become W · sk_blocks key-block units: CTA c takes units
+// [c·U/G, (c+1)·U/G) in tile order, so every CTA ends within one key block of the others. Each
+// CTA's share is at least a tile, so a tile is cut at most once, between CTAs c and c+1: c takes
+// its low key blocks (c's last item), c+1 its high ones (c+1's first item). The two parts meet in
+// a split slot numbered c+1 (sk_part, sk_sync): whichever finishes first leaves its state there,
+// the second merges it and stores the tile (kernel_fwd.cuh). No CTA waits for another to start.
+struct SkItem {
+  int idx;                 // the tile
+  int kb_begin, kb_end;    // its key blocks [kb_begin, kb_end) this CTA runs
+  int slot;                // split slot, or -1: the whole tile
+};
+struct StreamKTail {
+  int u0, u1;  // this CTA's units
+  // 32-bit products and the grid's FastDiv (the host keeps G · units below 2^31, set_stream_k):
+  // a 64-bit division made the producer, at 24 registers, spill.
+  __device__ static StreamKTail of(const FwdArgs& a) {
+    const int c = int(blockIdx.x), units = (a.sk_total - a.sk_begin) * a.sk_blocks;
+    return {a.div_grid.div(c * units), a.div_grid.div((c + 1) * units)};
+  }
+  // Items t in [first(a), end(a)), tail-relative tile numbers.
+  __device__ int first(const FwdArgs& a) const { return u0 / a.sk_blocks; }
+  __device__ int end(const FwdArgs& a) const { return (u1 - 1) / a.sk_blocks + 1; }
+  __device__ SkItem item(const FwdArgs& a, int t) const {
+    const int nb = a.sk_blocks, lo = t * nb;
+    const int b = max(u0, lo) - lo, e = min(u1, lo + nb) - lo;
+    const int c = int(blockIdx.x);
+    return {a.sk_begin + t, b, e, b > 0 ? c : e < nb ? c + 1 : -1};
+  }
+};
+// Host: the tail for a strided grid of g CTAs over `tiles` tiles of `blocks` key blocks each, or
+// none (sk_begin = tiles): with fewer tiles than CTAs, a whole number of rounds, or tiles too short
+// to cut (fewer than 4 key blocks), or too many units for 32-bit arithmetic. Returns the split
+// slots (0: none).
+inline int set_stream_k(FwdArgs& a, int tiles, int g, int blocks, bool enabled) {
+  a.sk_begin = a.sk_total = tiles;
+  a.sk_blocks = blocks;
+  if (!enabled || tiles <= g || tiles % g == 0 || blocks < 4) return 0;
+  const int begin = (tiles / g - 1) * g;
+  if ((long long)(tiles - begin) * blocks * g >= (1LL << 31)) return 0;  // StreamKTail::of's products
+  a.sk_begin = a.sched_total = begin;  // the strided chains stop where the tail starts
+  return g;
+}
+
 // The grid's mode when the host does not force one.
 inline long long paired_units(int m_blocks, long long heads_batch) { return m_blocks * ((heads_batch + 1) / 2); }
 // Causal: the paired schedule with a snake tail. Measured (CUPTI kernel time, H200): plain paired

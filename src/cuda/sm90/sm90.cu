@@ -193,6 +193,8 @@ void forward(const detail::Params& p) {
   a.sched = fwd_sched_forced();
   static const bool serial = env_knob("FLASHATTN_SM90_FWD_SERIAL", 0) == 1;
   a.serial_softmax = serial;
+  static const bool stream_k = env_knob("FLASHATTN_SM90_FWD_STREAMK", 1) == 1;  // scheduler.cuh, StreamKTail
+  a.stream_k = stream_k;
   // The next tile's Q prefetched into L2: d64 non-causal only, where it shortened the call 3–6 % at
   // N = 512/1024 (session 10 runs 1–2); elsewhere within ±0.5 % but d256 causal N = 512 −3 %.
   // FLASHATTN_SM90_FWD_Q_PREFETCH = 0 / 1 turns it off / on everywhere (measurements).

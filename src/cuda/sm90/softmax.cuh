@@ -22,7 +22,8 @@ namespace flashattn::cuda::sm90 {
 template <int kBlockN, int kChains = 1, bool kLazy = false>
 struct FragmentSoftmax {
   static constexpr int kRegs = kBlockN / 2;  // acc_s registers per thread
-  SoftmaxState<float, true> state[2];         // rows 16w + l/4 and 16w + l/4 + 8
+  using State = SoftmaxState<float, true>;
+  State state[2];                             // rows 16w + l/4 and 16w + l/4 + 8
 
   // Masks scores of keys the row cannot see: key >= k_len and, in the causal kernels (which serve
   // every window; the others none), key > row + diag + wr (wr >= 0: sm90.hpp) or key < row + diag

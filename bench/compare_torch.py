@@ -255,13 +255,13 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 700, 900, 8, 2, 64, {"softcap": 15.0}),
     (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([300, 0, 513], [200, 64, 700]), "softcap": 10.0}),
     # the non-causal Hopper forward's stream-K tail (scheduler.cuh, StreamKTail): more tiles than the
-    # 132 SMs and not a multiple, so tiles are cut between CTAs and merged — 128-, 176- and 112-key
-    # tiles, 192-row d64 tiles, d96, GQA
-    (torch.bfloat16, 4, 1000, 1000, 16, 4, 128, {}),
-    (torch.float16, 2, 2000, 1500, 16, 16, 64, {}),
+    # 132 SMs and not a multiple, at least 16 key blocks each (kStreamKMinBlocks), so tiles are cut
+    # between CTAs and merged — 128-, 176- and 112-key tiles, 192-row d64 tiles, d96, GQA
+    (torch.bfloat16, 4, 1000, 2100, 16, 4, 128, {}),
+    (torch.float16, 2, 2000, 2100, 16, 16, 64, {}),
     (torch.bfloat16, 1, 1100, 8300, 16, 8, 128, {}),
-    (torch.float16, 2, 1200, 900, 8, 8, 192, {}),
-    (torch.bfloat16, 4, 700, 1300, 12, 4, 96, {}),
+    (torch.float16, 2, 1200, 1900, 8, 8, 192, {}),
+    (torch.bfloat16, 4, 700, 2100, 12, 4, 96, {}),
 ]
 
 

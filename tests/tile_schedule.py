@@ -144,9 +144,12 @@ def check_fast_div():
 
 
 # ---- the non-causal schedule's stream-K tail (scheduler.cuh: set_stream_k, StreamKTail) ----------
+STREAM_K_MIN_BLOCKS = 16  # scheduler.cuh, kStreamKMinBlocks
+
+
 def set_stream_k(tiles, g, blocks):
     """sk_begin, or tiles for no tail."""
-    if tiles <= g or tiles % g == 0 or blocks < 4:
+    if tiles <= g or tiles % g == 0 or blocks < STREAM_K_MIN_BLOCKS:
         return tiles
     begin = (tiles // g - 1) * g
     if (tiles - begin) * blocks * g >= 2**31:
@@ -171,7 +174,7 @@ def stream_k_items(tiles, g, blocks, c):
 def check_stream_k(sms=132):
     fails = 0
     for tiles in list(range(1, 3 * sms + 7)) + [2048, 2816, 1024, 3072, 10000]:
-        for blocks in (1, 3, 4, 5, 8, 16, 47, 128):
+        for blocks in (1, 4, 8, 15, 16, 17, 47, 128):
             g = min(tiles, sms)
             begin = set_stream_k(tiles, g, blocks)
             cover, parts, loads = {}, {}, []

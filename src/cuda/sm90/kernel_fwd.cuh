@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   constexpr bool kEmptyTiles = kCausal || kVarlen;
   // Those same kernels (non-causal, no varlen, no softcap) may end with a stream-K tail
   // (scheduler.cuh, StreamKTail): the strided chains stop at sk_begin (sched_total), and the
-  // tail's items follow in a loop of their own, so the strided loop's code stays as without it.
-  // Not d256: its consumer, at 240 registers, has no room for the merge (session 11).
+  // tail's items follow them in the same loops (below). Not d256: its consumer, at 240 registers,
+  // has no room for the merge (session 11).
   constexpr bool kStreamK = !kEmptyTiles && !kSoftcap && kHeadDim != 256;
   const int wg = threadIdx.x / 128;
 

@@ -107,6 +107,9 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
       // took the main loops' descriptor math out of the uniform registers (R2UR 0 → 32 per loop
       // body). Only t stays live across run(); the item is formed again where it is needed. The
       // other kernels keep the loop below, whose code this one would have moved.
+      // Keep the form below even where it looks redundant (the strided keys from tile_keys, the
+      // steps for a tile without keys, which cannot occur here): the plainer version — keys from
+      // the item, those steps dropped — brought R2UR 0 → 32 back into the d128 loop body.
       int t = 0, t_end = 0;
       if (a.sk_begin < a.sk_total) {
         const StreamKTail st = StreamKTail::of(a);

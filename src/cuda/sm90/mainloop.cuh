@@ -200,14 +200,14 @@ struct Consumer {
   __device__ __forceinline__ static void issue_qk(float (&acc_s)[kSRegs], uint32_t q_base, uint32_t k_base) {
     ptx::fence_operand(acc_s);
     ptx::wgmma_fence();
-    gemm_kk<kBlockN, kF16, kHeadDim>(acc_s, q_base, Tile::kBlockM * 128, k_base, kBlockN * 128);
+    gemm_kk<kBlockN, kF16, kHeadDim, true>(acc_s, q_base, Tile::kBlockM * 128, k_base, kBlockN * 128);
     ptx::wgmma_commit();
   }
   // O += P·V (RS; V MN-major, its 64-column chunks kBlockN·128 B apart).
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPSteps][4], uint32_t v_base) {
     ptx::fence_operand(acc_o);
     ptx::wgmma_fence();
-    gemm_rs_mn<kHeadDim, kF16, kPSteps>(acc_o, p, v_base, kBlockN * 128);
+    gemm_rs_mn<kHeadDim, kF16, kPSteps, true>(acc_o, p, v_base, kBlockN * 128);
     ptx::wgmma_commit();
   }
   // P (A operand of P·V) straight from the score accumulator (§1.4): no shuffles.

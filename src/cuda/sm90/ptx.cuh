@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/smem_desc.hpp"
+
 namespace flashattn::cuda::sm90::ptx {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -188,27 +190,7 @@ __device__ __forceinline__ void fence_operand(uint32_t (&d)[M][N]) {
   for (int i = 0; i < M; ++i) fence_operand(d[i]);
 }
 
-// ---- shared-memory matrix descriptor, 128-byte swizzle (§2) --------------------------------------
-// base_offset is always 0: tiles are written by TMA, whose swizzle is anchored to absolute addresses.
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-// The same descriptor as two 32-bit halves, for issue loops that step through a tile: the low half
-// (start address, LBO) is formed once per tile and each step adds its byte offset / 16 to it; the
-// high half (SBO, swizzle) is a constant. Exact while the start address field (14 bits) does not
-// overflow: shared addresses stay below 256 KiB. Formed per step from the address (mask, shift, OR),
-// each wgmma of the d64 causal loop cost 5 uniform instructions; as a 32-bit add, 1 (session 13).
-struct SmemDescSw128 {
-  uint32_t lo, hi;
-  __device__ __forceinline__ SmemDescSw128(uint32_t addr, uint32_t lbo, uint32_t sbo)
-      : lo(((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)), hi(((sbo & 0x3FFFF) >> 4) | (1u << 30)) {}
-  // The descriptor `bytes` (a multiple of 16) further on.
-  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
-    return (static_cast<uint64_t>(hi) << 32) | (lo + (bytes >> 4));
-  }
-};
+// ---- shared-memory matrix descriptors: smem_desc.hpp -------------------------------------------
 
 // ---- registers and barriers (§4, §5) ------------------------------------------------------------
 template <int kRegs>

@@ -51,7 +51,7 @@ def main():
             out.fill_(float("nan"))
             done = threading.Event()
 
-            def watchdog(cfg=cfg, r=r):
+            def watchdog(r=r):
                 if not done.wait(args.seconds):
                     print(f"d{d} N={n} causal={causal} heads={heads}: HANG in replay {r}", flush=True)
                     os._exit(2)

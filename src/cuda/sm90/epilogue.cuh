@@ -18,7 +18,6 @@ template <class Tile, bool kF16, bool kCausal, int kHeadDim, bool kVarlen, bool 
 __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
                                          Consumer<Tile, kF16, kCausal, kHeadDim, kSoftcap>& c, int wg, int m_block,
                                          int head, const SeqRows& s) {
-  constexpr int kORegs = kHeadDim / 2;
   const int t = threadIdx.x % 128, lane = t % 32;
   c.softmax.finalize();
   const float inv[2] = {c.softmax.state[0].inv_sum(), c.softmax.state[1].inv_sum()};  // 0 for empty rows
@@ -26,14 +25,19 @@ __device__ __forceinline__ void epilogue(const FwdArgs& a, Smem<Tile>& sm,
   uint8_t* s_rows = sm.o + wg * 64 * 128;  // this warpgroup's rows in every chunk
   // Shared-space (32-bit) addresses: a generic pointer made every store a 64-bit address sum.
   const uint32_t s_base = ptx::smem_addr(s_rows);
+  // stmatrix .x4 per two 8-column blocks j, j + 1 of the warp's 16 rows: matrices (rows 0–7, j),
+  // (rows 8–15, j), (rows 0–7, j + 1), (rows 8–15, j + 1). Lane l addresses row i = l % 8 (+ 8 for
+  // odd l / 8) of block j + l / 16; j is even and a chunk holds 8 blocks, so the row's swizzled
+  // slot is (j % 8) ^ (l / 16) ^ i and its chunk j / 8.
+  const int mrow = lane % 8;
+  const uint32_t lane_row = s_base + (16 * (t / 32) + mrow + 8 * ((lane / 8) & 1)) * 128;
+  const int lane_xor = (lane / 16) ^ mrow;
 #pragma unroll
-  for (int r = 0; r < kORegs; r += 2) {
-    const int h = (r >> 1) & 1;
-    const int row = 16 * (t / 32) + lane / 4 + 8 * h;  // 0..63 within the warpgroup
-    const int col = 8 * (r >> 2) + 2 * (lane % 4);
-    const int chunk = col / 64, slot = ((col % 64) / 8) ^ (row % 8);
-    ptx::st_shared_b32(s_base + chunk * Tile::kBlockM * 128 + row * 128 + slot * 16 + (col % 8) * 2,
-                       pack2<kF16>(c.acc_o[r] * inv[h], c.acc_o[r + 1] * inv[h]));
+  for (int j = 0; j < kHeadDim / 8; j += 2) {
+    const float* o = c.acc_o + 4 * j;  // blocks j, j + 1: registers 4j … 4j + 7
+    ptx::stmatrix_x4(lane_row + (j / 8) * Tile::kBlockM * 128 + (((j % 8) ^ lane_xor) * 16),
+                     pack2<kF16>(o[0] * inv[0], o[1] * inv[0]), pack2<kF16>(o[2] * inv[1], o[3] * inv[1]),
+                     pack2<kF16>(o[4] * inv[0], o[5] * inv[0]), pack2<kF16>(o[6] * inv[1], o[7] * inv[1]));
   }
   ptx::fence_proxy_async();             // generic smem writes -> TMA (async proxy) reads
   ptx::named_bar_sync(1 + wg, 128);     // this warpgroup only

@@ -189,11 +189,13 @@ struct Consumer {
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
   static constexpr bool kLazyRescale = kHeadDim >= 192 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
-  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 (192-row tiles) and
-  // d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less). Not
-  // d128 (with 128-key blocks a 64-row warpgroup's bound falls on a block edge) nor d192 (its
+  // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 with 192-row tiles
+  // and d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less).
+  // Not d128 nor d64 with 128-row tiles (with 128-key blocks a 64-row warpgroup's bound falls on a
+  // block edge: nothing to skip but where the diagonal is not aligned, and its reduction, a REDUX
+  // per tile, was 1 % of the stall samples at d64 causal N = 512, session 13), nor d192 (its
   // varlen consumer spilled 12 bytes).
-  static constexpr bool kSkipMasked = kCausal && (kHeadDim == 64 || kHeadDim == 256);
+  static constexpr bool kSkipMasked = kCausal && ((kHeadDim == 64 && Tile::kBlockM == 192) || kHeadDim == 256);
   Softmax softmax;
 
   // S = Q·Kᵀ (SS, both K-major; gemm.cuh).

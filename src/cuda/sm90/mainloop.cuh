@@ -187,7 +187,7 @@ struct Consumer {
   float acc_o[kORegs];  // (64, D) fp32, fragment layout §1.3
   // Row max/sum over 4 independent chains where measured faster (softmax.cuh).
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
-  static constexpr bool kLazyRescale = kHeadDim >= 192 || kCausal;  // FragmentSoftmax::kLazy
+  static constexpr bool kLazyRescale = kHeadDim >= 128 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
   // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 with 192-row tiles
   // and d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less).

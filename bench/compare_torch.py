@@ -135,9 +135,12 @@ def err(x, ref):
 
 
 def case_inputs(dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
-                mult=1.0, gen=None):
+                mult=1.0, gen=None, kramp=0.0):
     """A check case's fresh random q, k, v, dout (varlen: packed, batch 1) and the library call's
-    keyword arguments (algo and deterministic are the caller's)."""
+    keyword arguments (algo and deterministic are the caller's). kramp > 0 scales key j by
+    1 + kramp·(1 − j/nk): the kernels visit key tiles last to first, so a row's maximum score grows
+    tile after tile (by more than the lazy rescale's 2^8 at kramp 20, by more than 2^128, fp32's
+    range, at kramp 600)."""
     dev = "cuda"
     cu_q = cu_k = None
     max_q = max_k = 0
@@ -147,7 +150,10 @@ def case_inputs(dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap
         cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=dev)
         b, nq, nk, max_q, max_k = 1, sum(lq), sum(lk), max(lq), max(lk)
     q = (torch.randn(b, nq, h, d, device=dev, generator=gen) * mult).to(dtype)
-    k = (torch.randn(b, nk, hkv, d, device=dev, generator=gen) * mult).to(dtype)
+    k = torch.randn(b, nk, hkv, d, device=dev, generator=gen) * mult
+    if kramp:
+        k = k * (1 + kramp * (1 - torch.arange(nk, device=dev) / nk)).view(1, nk, 1, 1)
+    k = k.to(dtype)
     v = torch.randn(b, nk, hkv, d, device=dev, generator=gen).to(dtype)
     dout = torch.randn(b, nq, h, d, device=dev, generator=gen).to(dtype)
     kw = dict(causal=causal, wl=wl, wr=wr, softcap=softcap, cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k)
@@ -155,10 +161,10 @@ def case_inputs(dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap
 
 
 def run_case(lib, dtype, b, nq, nk, h, hkv, d, causal=False, wl=-1, wr=-1, softcap=0.0, varlen=None,
-             mult=1.0, algo="flash", seed=0, deterministic=True):
+             mult=1.0, algo="flash", seed=0, deterministic=True, kramp=0.0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
-    q, k, v, dout, kw = case_inputs(dtype, b, nq, nk, h, hkv, d, causal, wl, wr, softcap, varlen, mult, gen)
+    q, k, v, dout, kw = case_inputs(dtype, b, nq, nk, h, hkv, d, causal, wl, wr, softcap, varlen, mult, gen, kramp)
     b, nq = q.shape[0], q.shape[1]
     cu_q, cu_k = kw["cu_q"], kw["cu_k"]
     scale = 1.0 / math.sqrt(d)
@@ -262,6 +268,12 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 1100, 8300, 16, 8, 128, {}),
     (torch.float16, 2, 1200, 1900, 8, 8, 192, {}),
     (torch.bfloat16, 4, 700, 2100, 12, 4, 96, {}),
+    # rows whose maximum keeps growing (kramp): the forward's rescaling on most key tiles, and jumps
+    # past fp32's range in one tile (the speculative softmax's exponentials overflow and are redone)
+    (torch.bfloat16, 1, 300, 1100, 4, 4, 128, {"kramp": 20.0}),
+    (torch.float16, 1, 256, 1100, 4, 2, 128, {"kramp": 20.0, "causal": True}),
+    (torch.bfloat16, 1, 200, 2100, 4, 2, 128, {"kramp": 600.0}),
+    (torch.bfloat16, 1, 0, 0, 4, 4, 128, {"varlen": ([300, 0, 257], [1100, 64, 900]), "kramp": 600.0}),
 ]
 
 

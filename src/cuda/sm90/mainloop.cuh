@@ -189,6 +189,10 @@ struct Consumer {
   static constexpr int kSoftmaxChains = kHeadDim == 128 || (kHeadDim == 64 && kCausal) ? 4 : 1;
   static constexpr bool kLazyRescale = kHeadDim >= 128 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
+  // The main loop's exponentials against the running maximum, the tile maximum beside them
+  // (FragmentSoftmax::step_speculative). d128: its probabilities need a second A fragment (32
+  // registers) beside the one the in-flight P·V reads; with 176-key tiles (44 more) it spilled.
+  static constexpr bool kSpeculative = kLazyRescale && kHeadDim == 128 && kBlockN == 128;
   // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 with 192-row tiles
   // and d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less).
   // Not d128 nor d64 with 128-row tiles (with 128-key blocks a 64-row warpgroup's bound falls on a
@@ -283,6 +287,7 @@ struct Consumer {
 
     float acc_s[kSRegs];
     uint32_t p[kPSteps][4];
+    uint32_t pn[kPSteps][4];  // kSpeculative: the next P·V's fragment, written while p is read
     float rescale[2];
 
     if (wg == 0 && first_of_cta) ptx::named_bar_arrive(kSchedBar + 0, 256);  // warpgroup 0 goes first
@@ -352,7 +357,10 @@ struct Consumer {
       if (kSoftcap) Softmax::softcap(acc_s, a.softcap_scale);
       if (needs_mask(n)) FragmentSoftmax<kBlockN>::template mask<kCausal>(acc_s, n * kBlockN, row0, k_len, q_len, wl, wr);
       if (a.serial_softmax) ptx::wgmma_wait<0>();
-      softmax.step(acc_s, a.scale_log2, rescale);
+      if constexpr (kSpeculative)
+        softmax.template step_speculative<kF16>(acc_s, a.scale_log2, rescale, pn);
+      else
+        softmax.step(acc_s, a.scale_log2, rescale);
       // P·V done: p and V[prev] are free, acc_o may be touched. A plain wait here is hoisted by
       // ptxas above the whole softmax (it has no operands), which then runs after this warpgroup's
       // P·V instead of beside it (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 ahead of every MUFU.EX2). The
@@ -364,7 +372,16 @@ struct Consumer {
       ptx::fence_operand(p);  // keeps p's registers untouched until the RS wgmma has read them
       if (t == 0) ptx::mbar_arrive(sm.empty_v + prev);
       if (Softmax::needs_rescale(rescale)) Softmax::rescale_o(acc_o, rescale);
-      convert_p(acc_s, p);
+      if constexpr (kSpeculative) {
+        // A plain copy vanishes (SSA): pn's conversions then define the next P·V's operands in
+        // the registers the in-flight P·V reads, and ptxas serialized every wgmma (C7513). A
+        // predicated move (its predicate always true, opaque) keeps p live up to here.
+        const uint32_t keep = !(softmax.state[0].row_sum + softmax.state[1].row_sum < 0.f);
+#pragma unroll
+        for (int s = 0; s < kPSteps; ++s) ptx::mov_if(p[s], pn[s], keep);
+      } else {
+        convert_p(acc_s, p);
+      }
     }
 
     // Every Q·Kᵀ of this tile has completed: with a separate O buffer, sQ may take the next Q now.

@@ -27,6 +27,15 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                "r"(r2), "r"(r3)
                : "memory");
 }
+// d[i] = s[i] for i < 4 where keep != 0, as predicated moves: d stays a live value up to here
+// (mainloop.cuh, the speculative softmax's P fragment).
+__device__ __forceinline__ void mov_if(uint32_t (&d)[4], const uint32_t (&s)[4], uint32_t keep) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.u32 q, %8, 0;\n"
+      " @q mov.b32 %0, %4;\n @q mov.b32 %1, %5;\n @q mov.b32 %2, %6;\n @q mov.b32 %3, %7;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(s[0]), "r"(s[1]), "r"(s[2]), "r"(s[3]), "r"(keep));
+}
 // A read-only global load the compiler may neither merge with an earlier one nor hoist: a value
 // reloaded where it is needed instead of kept in a register across a main loop.
 __device__ __forceinline__ int ld_global_nc_reload(const int* p) {

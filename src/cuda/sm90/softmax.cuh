@@ -13,6 +13,7 @@
 #pragma once
 
 #include "cuda/common/quad_reduce.cuh"
+#include "cuda/sm90/fragment.cuh"
 #include "cuda/sm90/ptx.cuh"
 #include "flashattn/online_softmax.hpp"
 
@@ -178,6 +179,75 @@ struct FragmentSoftmax {
     if constexpr (kLazy) return st.begin_tile_lazy(tile_max, kRescaleSlack);
     return st.begin_tile(tile_max);
   }
+  // The main loop's step with kLazy, the exponentials taken speculatively against the running
+  // maximum: the tile maximum (FMNMX, the ALU pipe) is reduced beside the exponentials (MUFU.EX2)
+  // instead of before them, so it leaves the critical path (a probe without the maximum ran d128
+  // N = 4096 11 % faster at a fixed clock, docs/perf-log.md session 14). When the tile maximum
+  // stays within the slack of every row's running maximum of the warp — begin_tile_lazy would
+  // change nothing — the speculative values are the step's own: the same FFMA, MUFU and summation
+  // order, so bitwise the same results. Otherwise (a row's first keys, a jump above the slack,
+  // warp-uniform) the tile is redone as step() does. acc_s keeps the raw scores (the redo needs
+  // them); the probabilities go straight into pn, the A fragment of the next P·V (acc_to_a's layout).
+  template <bool kF16, int kSteps>
+  __device__ __forceinline__ void step_speculative(const float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2],
+                                                   uint32_t (&pn)[kSteps][4]) {
+    static_assert(kLazy && 8 * kSteps == kRegs, "the speculative step needs kLazy and a whole A fragment");
+    float offset[2] = {state[0].exp_offset(), state[1].exp_offset()};
+    float mx[2][kChains], sum[2][kChains];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < kChains; ++c) mx[h][c] = -INFINITY, sum[h][c] = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRegs; r += 2) {  // a pair: one row half, one chain, one packed register
+      const int h = (r >> 1) & 1, c = (r >> 2) % kChains;
+      mx[h][c] = fmaxf(fmaxf(mx[h][c], acc_s[r]), acc_s[r + 1]);
+      const float e0 = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
+      const float e1 = ptx::ex2(fmaf(acc_s[r + 1], scale_log2, -offset[h]));
+      sum[h][c] += e0;
+      sum[h][c] += e1;
+      pn[r / 8][(r % 8) / 2] = pack2<kF16>(e0, e1);
+    }
+    float tile_max[2];
+    bool redo = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = mx[h][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[h][c]);
+      tile_max[h] = quad_max(m) * scale_log2;
+      // begin_tile_lazy's test: it would move the maximum (or the row is still empty)
+      redo |= state[h].row_max == -INFINITY || tile_max[h] > state[h].row_max + kRescaleSlack;
+    }
+    if (__any_sync(0xffffffffu, redo)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        rescale[h] = begin_tile(state[h], tile_max[h]);
+        offset[h] = state[h].exp_offset();
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) sum[h][c] = 0.f;
+      }
+#pragma unroll
+      for (int r = 0; r < kRegs; r += 2) {
+        const int h = (r >> 1) & 1, c = (r >> 2) % kChains;
+        const float e0 = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
+        const float e1 = ptx::ex2(fmaf(acc_s[r + 1], scale_log2, -offset[h]));
+        sum[h][c] += e0;
+        sum[h][c] += e1;
+        pn[r / 8][(r % 8) / 2] = pack2<kF16>(e0, e1);
+      }
+    } else {
+      rescale[0] = rescale[1] = 1.f;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float total = sum[h][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) total += sum[h][c];
+      state[h].add_sum(total);
+    }
+  }
+
   // Whether acc_o must be rescaled: always unless kLazy, else when any row of the warp moved
   // (warp-uniform, so skipping does not diverge).
   __device__ __forceinline__ static bool needs_rescale(const float (&rescale)[2]) {

@@ -173,7 +173,8 @@ struct FragmentSoftmax {
   // below 256 (fp16 and bf16 hold them with the same relative rounding) and, past a row's first key
   // blocks, O needs no rescaling at all: the consumer skips rescale_o when no row of the warp moved
   // (needs_rescale). Measured (docs/perf-log.md, session 6): +4–13 % at d256, +0–5 % at d128 causal,
-  // +1–3 % at d64 causal, neutral at d128 non-causal, −2–5 % at d64 non-causal (Consumer picks it).
+  // +1–3 % at d64 causal, neutral at d128 non-causal (session 14: +0–1 % back to back, neutral at a
+  // locked clock: it saves power, not cycles), −2–5 % at d64 non-causal (Consumer picks it).
   static constexpr float kRescaleSlack = 8.f;
   __device__ __forceinline__ static float begin_tile(SoftmaxState<float, true>& st, float tile_max) {
     if constexpr (kLazy) return st.begin_tile_lazy(tile_max, kRescaleSlack);

@@ -189,6 +189,24 @@ struct FragmentSoftmax {
   // order, so bitwise the same results. Otherwise (a row's first keys, a jump above the slack,
   // warp-uniform) the tile is redone as step() does. acc_s keeps the raw scores (the redo needs
   // them); the probabilities go straight into pn, the A fragment of the next P·V (acc_to_a's layout).
+  // p = 2^(s·scale_log2 − offset) of each score, summed per row half and chain (column group mod
+  // kChains, in register order: step()'s order) and packed in pairs into an A fragment; kMax: the
+  // raw scores' maximum per row half and chain in the same pass (one loop: measured so).
+  template <bool kF16, bool kMax, int kSteps>
+  __device__ __forceinline__ static void exp_pairs(const float (&acc_s)[kRegs], float scale_log2, const float (&offset)[2],
+                                                   float (&sum)[2][kChains], uint32_t (&pn)[kSteps][4],
+                                                   float (&mx)[2][kChains]) {
+#pragma unroll
+    for (int r = 0; r < kRegs; r += 2) {  // a pair: one row half, one chain, one packed register
+      const int h = (r >> 1) & 1, c = (r >> 2) % kChains;
+      if (kMax) mx[h][c] = fmaxf(fmaxf(mx[h][c], acc_s[r]), acc_s[r + 1]);
+      const float e0 = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
+      const float e1 = ptx::ex2(fmaf(acc_s[r + 1], scale_log2, -offset[h]));
+      sum[h][c] += e0;
+      sum[h][c] += e1;
+      pn[r / 8][(r % 8) / 2] = pack2<kF16>(e0, e1);
+    }
+  }
   template <bool kF16, int kSteps>
   __device__ __forceinline__ void step_speculative(const float (&acc_s)[kRegs], float scale_log2, float (&rescale)[2],
                                                    uint32_t (&pn)[kSteps][4]) {
@@ -199,16 +217,7 @@ struct FragmentSoftmax {
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int c = 0; c < kChains; ++c) mx[h][c] = -INFINITY, sum[h][c] = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRegs; r += 2) {  // a pair: one row half, one chain, one packed register
-      const int h = (r >> 1) & 1, c = (r >> 2) % kChains;
-      mx[h][c] = fmaxf(fmaxf(mx[h][c], acc_s[r]), acc_s[r + 1]);
-      const float e0 = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
-      const float e1 = ptx::ex2(fmaf(acc_s[r + 1], scale_log2, -offset[h]));
-      sum[h][c] += e0;
-      sum[h][c] += e1;
-      pn[r / 8][(r % 8) / 2] = pack2<kF16>(e0, e1);
-    }
+    exp_pairs<kF16, true>(acc_s, scale_log2, offset, sum, pn, mx);
     float tile_max[2];
     bool redo = false;
 #pragma unroll
@@ -228,15 +237,7 @@ struct FragmentSoftmax {
 #pragma unroll
         for (int c = 0; c < kChains; ++c) sum[h][c] = 0.f;
       }
-#pragma unroll
-      for (int r = 0; r < kRegs; r += 2) {
-        const int h = (r >> 1) & 1, c = (r >> 2) % kChains;
-        const float e0 = ptx::ex2(fmaf(acc_s[r], scale_log2, -offset[h]));
-        const float e1 = ptx::ex2(fmaf(acc_s[r + 1], scale_log2, -offset[h]));
-        sum[h][c] += e0;
-        sum[h][c] += e1;
-        pn[r / 8][(r % 8) / 2] = pack2<kF16>(e0, e1);
-      }
+      exp_pairs<kF16, false>(acc_s, scale_log2, offset, sum, pn, mx);
     } else {
       rescale[0] = rescale[1] = 1.f;
     }

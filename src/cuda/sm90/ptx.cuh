@@ -16,9 +16,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
 // stmatrix .x4: four 8×8 b16 matrices; lane l gives the shared address of row l % 8 of matrix
 // l / 8, and register k holds this lane's two elements (row lane / 4, columns 2·(lane % 4) + 0, 1)
 // of matrix k — the layout of an mma/wgmma accumulator fragment packed to 16 bits (hopper-sm90.md §1.3).

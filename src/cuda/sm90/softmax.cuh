@@ -71,6 +71,24 @@ struct FragmentSoftmax {
     }
   }
 
+  // A row half's maximum over its kChains accumulators and the quad (raw scores).
+  __device__ __forceinline__ static float row_max(const float (&mx)[kChains]) {
+    float m = mx[0];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[c]);
+    return quad_max(m);
+  }
+  // Adds each row half's tile sum, its kChains accumulators in order, to the state.
+  __device__ __forceinline__ void add_chain_sums(const float (&sum)[2][kChains]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float total = sum[h][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) total += sum[h][c];
+      state[h].add_sum(total);
+    }
+  }
+
   // Folds one tile of raw scores in: updates row_max/row_sum, turns acc_s into probabilities
   // (in place, fp32) and returns the factor acc_o must be multiplied by, per row half.
   // kChains > 1 splits each row's maximum and sum over that many independent accumulators
@@ -133,10 +151,7 @@ struct FragmentSoftmax {
       float offset[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float m = mx[h][0];
-#pragma unroll
-        for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[h][c]);
-        rescale[h] = begin_tile(state[h], quad_max(m) * scale_log2);
+        rescale[h] = begin_tile(state[h], row_max(mx[h]) * scale_log2);
         offset[h] = state[h].exp_offset();
       }
       float sum[2][kChains] = {};
@@ -158,13 +173,7 @@ struct FragmentSoftmax {
           sum[h][(r >> 2) % kChains] += acc_s[r];
         }
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float total = sum[h][0];
-#pragma unroll
-        for (int c = 1; c < kChains; ++c) total += sum[h][c];
-        state[h].add_sum(total);
-      }
+      add_chain_sums(sum);
     }
   }
 
@@ -222,10 +231,7 @@ struct FragmentSoftmax {
     bool redo = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m = mx[h][0];
-#pragma unroll
-      for (int c = 1; c < kChains; ++c) m = fmaxf(m, mx[h][c]);
-      tile_max[h] = quad_max(m) * scale_log2;
+      tile_max[h] = row_max(mx[h]) * scale_log2;
       // begin_tile_lazy's test: it would move the maximum (or the row is still empty)
       redo |= state[h].row_max == -INFINITY || tile_max[h] > state[h].row_max + kRescaleSlack;
     }
@@ -241,13 +247,7 @@ struct FragmentSoftmax {
     } else {
       rescale[0] = rescale[1] = 1.f;
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float total = sum[h][0];
-#pragma unroll
-      for (int c = 1; c < kChains; ++c) total += sum[h][c];
-      state[h].add_sum(total);
-    }
+    add_chain_sums(sum);
   }
 
   // Whether acc_o must be rescaled: always unless kLazy, else when any row of the warp moved

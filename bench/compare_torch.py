@@ -286,6 +286,8 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 256, 1100, 4, 2, 128, {"kramp": 20.0, "causal": True}),
     (torch.bfloat16, 1, 200, 2100, 4, 2, 128, {"kramp": 600.0}),
     (torch.bfloat16, 1, 0, 0, 4, 4, 128, {"varlen": ([300, 0, 257], [1100, 64, 900]), "kramp": 600.0}),
+    (torch.float16, 1, 900, 1000, 4, 2, 64, {"kramp": 20.0, "causal": True}),  # d64 128-row tiles
+    (torch.bfloat16, 2, 700, 700, 4, 4, 64, {"kramp": 600.0, "causal": True}),
 ]
 
 

@@ -190,9 +190,12 @@ struct Consumer {
   static constexpr bool kLazyRescale = kHeadDim >= 128 || kCausal;  // FragmentSoftmax::kLazy
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
   // The main loop's exponentials against the running maximum, the tile maximum beside them
-  // (FragmentSoftmax::step_speculative). d128: its probabilities need a second A fragment (32
-  // registers) beside the one the in-flight P·V reads; with 176-key tiles (44 more) it spilled.
-  static constexpr bool kSpeculative = kLazyRescale && kHeadDim == 128 && kBlockN == 128;
+  // (FragmentSoftmax::step_speculative). Its probabilities need a second A fragment (32 registers
+  // at 128 keys) beside the one the in-flight P·V reads: d128 with 128-key tiles and d64 with
+  // 128-row tiles (causal below 2048) have them; d128's 176-key tiles spilled 264–296 bytes, d192
+  // 96–120, d256 32–56, and d64's 192-row tiles run three consumer warpgroups at 160 registers.
+  static constexpr bool kSpeculative =
+      kLazyRescale && ((kHeadDim == 128 && kBlockN == 128) || (kHeadDim == 64 && Tile::kBlockM == 128));
   // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 with 192-row tiles
   // and d256 (80-key blocks: the first warpgroup of a 128-row tile often needs one block less).
   // Not d128 nor d64 with 128-row tiles (with 128-key blocks a 64-row warpgroup's bound falls on a

@@ -10,7 +10,7 @@ the library (the knobs are read once per library instance, at its first call), w
 environment set while that first call runs.
 
   python3 bench/ab_interleaved.py --variants "base=build-gpu/libflashattn_torch_shim.so,\\
-      n176=build-gpu/libflashattn_torch_shim.so:FLASHATTN_SM90_FWD_BLOCK_N=176" --configs 128:2048:0
+      m128=build-gpu/libflashattn_torch_shim.so:FLASHATTN_SM90_FWD_BLOCK_M=128" --configs 64:512:1
 Prints, per configuration, the median ms per call of each variant (batches of --batch calls back
 to back between two CUDA events, --rounds rounds) and its speed relative to the first variant.
 """

@@ -274,7 +274,7 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([300, 0, 513], [200, 64, 700]), "softcap": 10.0}),
     # the non-causal Hopper forward's stream-K tail (scheduler.cuh, StreamKTail): more tiles than the
     # 132 SMs and not a multiple, at least 16 key blocks each (kStreamKMinBlocks), so tiles are cut
-    # between CTAs and merged — 128-, 176- and 112-key tiles, 192-row d64 tiles, d96, GQA
+    # between CTAs and merged — 128- and 112-key tiles, 192-row d64 tiles, d96, GQA
     (torch.bfloat16, 4, 1000, 2100, 16, 4, 128, {}),
     (torch.float16, 2, 2000, 2100, 16, 16, 64, {}),
     (torch.bfloat16, 1, 1100, 8300, 16, 8, 128, {}),

@@ -27,16 +27,16 @@ struct Operand {
 
 std::vector<Operand> operands() {
   std::vector<Operand> ops;
-  // gemm_kk, K-major A (Q: kBlockM 128 or 192 rows) and B (K: kBlockN 80, 112, 128 or 176 rows),
+  // gemm_kk, K-major A (Q: kBlockM 128 or 192 rows) and B (K: kBlockN 80, 112 or 128 rows),
   // head_dim 64 … 256: step s at chunk s/4 (rows·128 bytes apart) + 32 bytes per step inside it.
-  for (uint32_t rows : {80u, 112u, 128u, 176u, 192u})
+  for (uint32_t rows : {80u, 112u, 128u, 192u})
     for (uint32_t d : {64u, 128u, 192u, 256u}) {
       Operand op{"gemm_kk", 16, {}};
       for (uint32_t s = 0; s < d / 16; ++s) op.steps.push_back((s / 4) * rows * 128 + (s % 4) * 32);
       ops.push_back(op);
     }
   // gemm_rs_mn, MN-major V: LBO = the key tile's chunk (kBlockN·128), step s at 2048·s.
-  for (uint32_t keys : {80u, 112u, 128u, 176u}) {
+  for (uint32_t keys : {80u, 112u, 128u}) {
     Operand op{"gemm_rs_mn", keys * 128, {}};
     for (uint32_t s = 0; s < keys / 16; ++s) op.steps.push_back(2048 * s);
     ops.push_back(op);

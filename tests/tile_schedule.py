@@ -208,7 +208,7 @@ def check_stream_k(sms=132):
     # the FlashAttention grid at d128 (2048 tiles): every CTA ends within one key block
     g = sms
     for n in (2048, 4096, 8192):
-        nb = n // 128 if n < 8192 else -(-n // 176)
+        nb = n // 128
         loads = [sum(e - b for _, b, e, _ in stream_k_items(2048, g, nb, c)) for c in range(g)]
         print(f"  stream-K d128 grid N={n}: {2048 * nb / g:.1f} key blocks per CTA on average, "
               f"largest {max(loads)} (16 rounds of whole tiles: {16 * nb})")

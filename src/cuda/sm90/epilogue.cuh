@@ -97,8 +97,8 @@ __device__ __forceinline__ bool stream_k_meet(const FwdArgs& a, C& c, int wg, in
   const int t = threadIdx.x % 128;
   const int id = slot * Tile::kConsumerWGs + wg;
   // The addresses are formed here, from opaque copies of the parameters: hoisted out of the tile
-  // loop (as ptxas did), they stayed live across the main loop and the 176-key, d256 and d64
-  // consumers spilled.
+  // loop (as ptxas did), they stayed live across the main loop and the (since removed) 176-key,
+  // d256 and d64 consumers spilled.
   int* sync = ptx::opaque(a.sk_sync);
   float* part = ptx::opaque(a.sk_part) + size_t(id) * kFloats * 128 + t;
   int* count = sync + id;
@@ -133,7 +133,7 @@ __device__ __forceinline__ bool stream_k_meet(const FwdArgs& a, C& c, int wg, in
     other.row_sum = __ldcg(part + (kORegs + 2 * h + 1) * 128);
     if (!c.softmax.state[h].merge_scales(other, sa[h], sb[h])) sa[h] = 1.f, sb[h] = 0.f;
   }
-  // In groups of 8 loads (all at once, the d256 and 176-key consumers spilled).
+  // In groups of 8 loads (all at once, the d256 and the since removed 176-key consumers spilled).
 #pragma unroll
   for (int r0 = 0; r0 < kORegs; r0 += 8) {
     float v[8];

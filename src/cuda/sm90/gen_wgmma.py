@@ -15,7 +15,7 @@ namespace flashattn::cuda::sm90 {
 
 template <int N, bool kF16, int kTransB> struct Wgmma;
 """)
-for N in (64, 80, 112, 128, 176, 192, 256):
+for N in (64, 80, 112, 128, 192, 256):
     nreg = N // 2
     for f16 in (False, True):
         ty = "f16" if f16 else "bf16"

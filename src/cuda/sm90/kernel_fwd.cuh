@@ -224,8 +224,6 @@ cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBlockN = FwdTile<kHeadDim>::kBlockN;
   if constexpr (kHeadDim == 64)
     if (a.block_m == 192 && a.block_n == kBlockN) return launch_fwd_tile<kHeadDim, 192, kBlockN, kF16, kCausal>(a, stream);
-  if constexpr (kHeadDim == 128)
-    if (a.block_m == 128 && a.block_n == 176) return launch_fwd_tile<kHeadDim, 128, 176, kF16, kCausal>(a, stream);
   if (a.block_m != 128 || a.block_n != kBlockN) return cudaErrorInvalidValue;
   return launch_fwd_tile<kHeadDim, 128, kBlockN, kF16, kCausal>(a, stream);
 }

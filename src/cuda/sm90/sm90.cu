@@ -119,12 +119,6 @@ int fwd_sched_forced() {
   return m >= 0 && m <= 4 ? m : -1;
 }
 
-// fwd_block_n, or FLASHATTN_SM90_FWD_BLOCK_N = 128 or 176 at d128 with 128-row tiles (measurements).
-int fwd_block_n_for(const detail::Params& p, int block_m) {
-  static const int forced = env_knob("FLASHATTN_SM90_FWD_BLOCK_N", 0);
-  if ((forced == 128 || forced == 176) && kernel_head_dim(p) == 128 && block_m == 128) return forced;
-  return fwd_block_n(kernel_head_dim(p), p.max_rows_k());
-}
 
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
@@ -156,7 +150,7 @@ void forward(const detail::Params& p) {
   const bool f16 = p.dtype == DType::f16;
   const int d = int(p.head_dim);  // the tensors'; the kernel's is 128 for d = 96 (kernel_head_dim)
   const int block_m = fwd_block_m_for(p);
-  const int block_n = fwd_block_n_for(p, block_m);
+  const int block_n = fwd_default_block_n(kernel_head_dim(p));
   FwdArgs a{};
   // Varlen: the maps span the packed rows (seqlen_q/k are the totals), batch extent 1 (SeqRows).
   const int64_t map_batch = p.varlen() ? 1 : p.batch;

@@ -16,8 +16,8 @@
 //   d64 : 32 + 64 + 32 = 128     d128: 64 + 64 + 32 = 160     d192: 96 + 56 + 28 = 180
 //   d256: 128 + 40 + 20 = 188
 //   leaving ≥ 64 for softmax state, descriptors, indices.
-// FA3 uses 128×176 (d128), 192×128/192 (d64, 3 consumer WGs) and 128×80 (d256); those are the
-// next tuning step (docs/hopper-kernels.md).
+// FA3 uses 128×176 (d128), 192×128/192 (d64, 3 consumer WGs) and 128×80 (d256); docs/hopper-kernels.md
+// says which of those were taken here and why.
 #pragma once
 
 namespace flashattn::cuda::sm90 {
@@ -34,27 +34,22 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
   return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
 }
 
-// The key tile: 128 (d64, d128) or 80 (d256); at d128 176 (FA3's non-causal choice; O then staged
-// in sQ) once there are at least 8192 keys: measured on the H200 with the 4-chain softmax (same
-// run, docs/perf-log.md session 5) +4–10 % non-causal and +1–3 % causal at N = 8192/16384, but
-// −1–2 % at 4096 and −4–6 % at 2048 (fewer, wider key tiles: more of a tile is masked or padding,
-// and the per-tile fill/drain weighs more).
-// The default key tile per head dim: the largest with two stages in 227 KiB (d192: 112 keys, O in
-// sQ; 128 would need 240 KiB).
+// The key tile: the largest with two stages in 227 KiB — 128 (d64, d128), 112 (d192: 128 would
+// need 240 KiB; O staged in sQ), 80 (d256).
+// d128 took 176 keys (FA3's non-causal choice; O staged in sQ) from 8192 keys (session 5: +4–10 %
+// non-causal, +1–3 % causal at N = 8192/16384 with the 4-chain softmax) until the speculative
+// softmax (mainloop.cuh kSpeculative), which the 176-key tiles could not hold without spilling:
+// with it the 128-key tiles are faster there too (docs/perf-log.md session 15 runs 3–4: kernel
+// −3.1 / −3.3 % non-causal and −4.4 / −3.3 % causal at N = 8192 / 16384), and the 176-key
+// instance was removed.
 constexpr int fwd_default_block_n(int head_dim) { return head_dim == 256 ? 80 : head_dim == 192 ? 112 : 128; }
-
-inline int fwd_block_n(int head_dim, long long seqlen_k) {
-  if (head_dim == 256 || head_dim == 192) return fwd_default_block_n(head_dim);
-  return head_dim == 128 && seqlen_k >= 8192 ? 176 : 128;
-}
 
 template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = fwd_default_block_n(kHeadDim)>
 struct FwdTile {
   static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
   static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "query tile 128, or 192 at d64");
   static constexpr int kBlockN = kBlockN_;
-  static_assert(kBlockN == fwd_default_block_n(kHeadDim) || (kHeadDim == 128 && kBlockN == 176 && kBlockM == 128),
-                "key tile 128 (d64, d128), 112 (d192), 80 (d256), or 176 at d128");
+  static_assert(kBlockN == fwd_default_block_n(kHeadDim), "key tile 128 (d64, d128), 112 (d192), 80 (d256)");
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
   static constexpr int kConsumerWGs = kBlockM / 64;

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/params.hpp"
+#include "cuda/sm90/fragment.cuh"
 
 namespace flashattn::cuda::sm90 {
 
@@ -117,7 +118,8 @@ __global__ void dq_convert_kernel(const ConvertArgs a) {
   if (!seq_row(a.cu_seqlens_q, a.seqlen_q, b, i, row)) return;
   const int tb = a.cu_seqlens_q == nullptr ? b : 0;
   const long long bh = static_cast<long long>(b) * a.heads + h;
-  const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.acc_dim / 64) + c / 64) * 4096 + (i % 64) * 64 + c % 64;
+  // kVec = 8 columns from an 8-aligned c: contiguous in the block's permuted row (dq_block_offset)
+  const float* src = a.dq_accum + ((bh * a.m_blocks + i / 64) * (a.acc_dim / 64) + c / 64) * 4096 + dq_block_offset(i % 64, c % 64);
   uint4 raw;
   T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll

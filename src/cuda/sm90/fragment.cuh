@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/ptx.cuh"
+
 namespace flashattn::cuda::sm90 {
 
 __device__ __forceinline__ int acc_row(int t, int r) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((r >> 1) & 1); }
@@ -32,13 +34,24 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
-// Registers [r0, r0 + 32) of an fp32 accumulator (its 64-column slice r0/32) as one row-major
-// 64 × 64 fp32 block: the staging layout of the backward's bulk dQ reductions.
+// The backward's 64 × 64 fp32 dQ blocks (the staging buffer and the accumulator in global memory,
+// which one bulk reduction adds it to, and dq_convert reads): row-major, each row's 8-column groups
+// permuted by the row, column c of row i at c ^ 8·(i mod 4). A warp's float2 stores of an
+// accumulator fragment then hit distinct banks: each half warp writes 8 columns of 4 rows, and in
+// a plain row-major block those 4 rows, 256 bytes apart, shared their banks (8 wavefronts per
+// store instead of 2; session 15, ncu).
+__device__ __forceinline__ int dq_block_offset(int row, int col) { return row * 64 + (col ^ ((row & 3) << 3)); }
+
+// Registers [r0, r0 + 32) of an fp32 accumulator (its 64-column slice r0/32) as one 64 × 64 dQ
+// block (dq_block_offset) in shared memory: the staging of the backward's bulk dQ reductions. Stored
+// as st.shared: through a generic pointer they were generic stores, which wait in the global
+// memory queue and made ptxas fence them with a MEMBAR.
 template <int N>
 __device__ __forceinline__ void stage_block64(float* block, const float (&acc)[N], int t, int r0 = 0) {
+  const uint32_t base = ptx::smem_addr(block);
 #pragma unroll
   for (int r = r0; r < r0 + 32; r += 2)
-    *reinterpret_cast<float2*>(block + acc_row(t, r) * 64 + acc_col(t, r) - 2 * r0) = make_float2(acc[r], acc[r + 1]);
+    ptx::st_shared_v2_f32(base + 4 * dq_block_offset(acc_row(t, r), acc_col(t, r) - 2 * r0), acc[r], acc[r + 1]);
 }
 
 // An m64 accumulator (64 × 16·kSteps) as the register A operand of the next wgmma, k16 slice s in

@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       } else if (a.flags & kBwdAtomicDq) {
 #pragma unroll
         for (int r = 0; r < 32; r += 2) {
-          atomicAdd(reinterpret_cast<float2*>(dq_block + acc_row(t, r) * 64 + acc_col(t, r)), make_float2(acc_dq[r], acc_dq[r + 1]));
+          atomicAdd(reinterpret_cast<float2*>(dq_block + dq_block_offset(acc_row(t, r), acc_col(t, r))), make_float2(acc_dq[r], acc_dq[r + 1]));
         }
       } else {
         // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The

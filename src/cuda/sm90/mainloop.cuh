@@ -191,9 +191,10 @@ struct Consumer {
   using Softmax = FragmentSoftmax<kBlockN, kSoftmaxChains, kLazyRescale>;
   // The main loop's exponentials against the running maximum, the tile maximum beside them
   // (FragmentSoftmax::step_speculative). Its probabilities need a second A fragment (32 registers
-  // at 128 keys) beside the one the in-flight P·V reads: d128 with 128-key tiles and d64 with
-  // 128-row tiles (causal below 2048) have them; d128's 176-key tiles (since removed, tile_size.hpp)
-  // spilled 264–296 bytes, d192 96–120, d256 32–56, and d64's 192-row tiles run three consumer warpgroups at 160 registers.
+  // at 128 keys) beside the one the in-flight P·V reads: d128 and d64 with 128-row tiles (causal
+  // below 2048) have them. With it d128's 176-key tiles (since removed, tile_size.hpp) spilled
+  // 264–296 bytes, d192 96–120, d256 32–56; d64's 192-row tiles run three consumer warpgroups at
+  // 160 registers.
   static constexpr bool kSpeculative =
       kLazyRescale && (kHeadDim == 128 || (kHeadDim == 64 && Tile::kBlockM == 128));
   // Causal: skip the key blocks right of this warpgroup's rows (run()). At d64 with 192-row tiles

@@ -16,14 +16,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// stmatrix .x4: four 8×8 b16 matrices; lane l gives the shared address of row l % 8 of matrix
-// l / 8, and register k holds this lane's two elements (row lane / 4, columns 2·(lane % 4) + 0, 1)
-// of matrix k — the layout of an mma/wgmma accumulator fragment packed to 16 bits (hopper-sm90.md §1.3).
 // Two floats to shared memory (an 8-byte aligned shared-window address).
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+// stmatrix .x4: four 8×8 b16 matrices; lane l gives the shared address of row l % 8 of matrix
+// l / 8, and register k holds this lane's two elements (row lane / 4, columns 2·(lane % 4) + 0, 1)
+// of matrix k — the layout of an mma/wgmma accumulator fragment packed to 16 bits (hopper-sm90.md §1.3).
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)

@@ -119,7 +119,6 @@ int fwd_sched_forced() {
   return m >= 0 && m <= 4 ? m : -1;
 }
 
-
 template <int kHeadDim, bool kF16>
 cudaError_t launch(const FwdArgs& a, const detail::Params& p, cudaStream_t s) {
   return causal_kernel(p) ? launch_fwd<kHeadDim, kF16, true>(a, s) : launch_fwd<kHeadDim, kF16, false>(a, s);

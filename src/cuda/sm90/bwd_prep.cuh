@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/params.hpp"
-#include "cuda/sm90/fragment.cuh"
+#include "cuda/sm90/acc_layout.hpp"
 
 namespace flashattn::cuda::sm90 {
 

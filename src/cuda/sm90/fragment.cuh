@@ -1,6 +1,5 @@
 // The wgmma accumulator fragment (m64nN, fp32) as the consumer warpgroups of both Hopper kernels
-// read and repack it (hopper-sm90.md §1.3, §1.4). Thread t of the warpgroup, register r:
-//   row(t, r) = 16·(t/32) + (t%32)/4 + 8·((r>>1)&1),   col(t, r) = 8·(r>>2) + 2·(t%4) + (r&1).
+// read and repack it (hopper-sm90.md §1.3, §1.4); where its elements live: acc_layout.hpp.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,12 +7,10 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/acc_layout.hpp"
 #include "cuda/sm90/ptx.cuh"
 
 namespace flashattn::cuda::sm90 {
-
-__device__ __forceinline__ int acc_row(int t, int r) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((r >> 1) & 1); }
-__device__ __forceinline__ int acc_col(int t, int r) { return 8 * (r >> 2) + 2 * (t % 4) + (r & 1); }
 
 // Two floats as one 16-bit pair, lo in bits [15:0].
 template <bool kF16>
@@ -33,14 +30,6 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   if constexpr (kF16) return __half22float2(*reinterpret_cast<const __half2*>(&v));
   else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
-
-// The backward's 64 × 64 fp32 dQ blocks (the staging buffer and the accumulator in global memory,
-// which one bulk reduction adds it to, and dq_convert reads): row-major, each row's 8-column groups
-// permuted by the row, column c of row i at c ^ 8·(i mod 4). A warp's float2 stores of an
-// accumulator fragment then hit distinct banks: each half warp writes 8 columns of 4 rows, and in
-// a plain row-major block those 4 rows, 256 bytes apart, shared their banks (8 wavefronts per
-// store instead of 2; session 15, ncu).
-__device__ __forceinline__ int dq_block_offset(int row, int col) { return row * 64 + (col ^ ((row & 3) << 3)); }
 
 // Registers [r0, r0 + 32) of an fp32 accumulator (its 64-column slice r0/32) as one 64 × 64 dQ
 // block (dq_block_offset) in shared memory: the staging of the backward's bulk dQ reductions. Stored

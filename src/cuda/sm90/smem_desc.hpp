@@ -5,13 +5,7 @@
 
 #include <cstdint>
 
-#ifndef FLASHATTN_HD
-#if defined(__CUDACC__)
-#define FLASHATTN_HD __host__ __device__ __forceinline__
-#else
-#define FLASHATTN_HD inline
-#endif
-#endif
+#include "cuda/sm90/hd.hpp"
 
 namespace flashattn::cuda::sm90::ptx {
 

@@ -108,7 +108,7 @@ struct BwdArgs {
   float* dq_accum;        // Σ dS·K over key tiles, fp32, zeroed before the kernel; scaled and cast
                           // after. Tiled: (batch, heads, m_pad/64, D/64) blocks of 64 × 64, each
                           // block contiguous so one bulk reduction adds it (kernel_bwd.cuh),
-                          // its rows permuted (fragment.cuh dq_block_offset)
+                          // its rows permuted (acc_layout.hpp dq_block_offset)
   void* dk;               // caller's dK, dV: (batch, seqlen_k, heads_kv, D), element strides below
   void* dv;
   long long dk_batch_stride, dk_row_stride, dk_head_stride;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""flashattn CUDA kernels vs PyTorch, in one process (scripts/gpu-check runs it).
+"""flashattn CUDA kernels vs PyTorch, in one process (scripts/dev/gpu-check runs it).
 
   --check : correctness of our flash and standard paths against a float64 reference written here in
             plain torch (its own mask), fresh random inputs; 50x bitwise repeat (forward and
@@ -268,8 +268,8 @@ CASES = [  # (dtype, b, nq, nk, h, hkv, d, kwargs)
     (torch.bfloat16, 1, 3000, 2100, 4, 4, 64, {"causal": True}),
     (torch.float16, 1, 2100, 3001, 8, 2, 64, {"wl": 300, "wr": 37}),
     (torch.bfloat16, 1, 0, 0, 4, 4, 64, {"varlen": ([2100, 5, 2500], [2100, 300, 2048]), "causal": True}),
-    # softcap on the d64 non-causal Hopper forward (its own kernel instance since session 11; it
-    # fell back before): GQA, varlen with an empty entry
+    # softcap on the d64 non-causal Hopper forward (its own kernel instance): GQA, varlen with an
+    # empty entry
     (torch.bfloat16, 1, 700, 900, 8, 2, 64, {"softcap": 15.0}),
     (torch.float16, 1, 0, 0, 4, 4, 64, {"varlen": ([300, 0, 513], [200, 64, 700]), "softcap": 10.0}),
     # the non-causal Hopper forward's stream-K tail (scheduler.cuh, StreamKTail): more tiles than the
@@ -378,26 +378,28 @@ def stream_ms(fn, reps, batch=10, warmup=3):
     return statistics.median(call_times(fn, reps, batch, warmup))
 
 
-# How interleaved_ms orders the implementations: "balanced" (default) or "legacy" (sessions 6-9:
-# one rotation of every implementation, forward and backward together, 4 rounds).
+# How interleaved_ms orders the implementations: "balanced" (default) or "rotation" (one rotation
+# of every implementation per round, forward and backward together, 4 rounds: the order to compare
+# the balanced one against, since in it each implementation mostly follows the same other one).
 ORDER = "balanced"
 
 
 def interleaved_ms(impls, reps, batch, rounds=None):
     """Median ms per call of every implementation, timed in rounds, each round taking
     ceil(reps / rounds) samples of `batch` calls per implementation. The GPU runs at its power
-    limit under this load (bench/sustained.py: ~690 W, the SM clock 1.55-1.85 GHz instead of 1.98),
-    and its clock depends on what ran just before; timing each implementation in one block gave the
-    block after a heavier one a lower clock (session 6). impls: name -> (fn, ctx), ctx a context
-    manager factory entered around the implementation's samples (SDPA's backend choice).
+    limit under this load (bench/dev/sustained.py: ~690 W, the SM clock 1.55-1.85 GHz instead of
+    1.98), and its clock depends on what ran just before; timing each implementation in one block
+    gives the block after a heavier one a lower clock (docs/perf/log.md, P-066, P-065).
+    impls: name -> (fn, ctx), ctx a context manager factory entered around the implementation's
+    samples (SDPA's backend choice).
 
     Balanced order: the rounds go through every rotation of the names forward and backward, so each
     implementation runs after each other one equally often. A rotation alone keeps the cyclic order
-    (with ours_fwd, ours_bwd, fa2_fwd, …, cudnn_bwd, ours_fwd ran after cuDNN's backward in three
-    rounds of four, cuDNN's forward after FA2's: session 9); bench() also times the forward and
-    backward implementations as separate groups."""
+    (with ours_fwd, ours_bwd, fa2_fwd, …, cudnn_bwd, ours_fwd runs after cuDNN's backward in three
+    rounds of four, cuDNN's forward after FA2's: docs/perf/log.md, P-097); bench() also
+    times the forward and backward implementations as separate groups."""
     names = list(impls)
-    if ORDER == "legacy":
+    if ORDER == "rotation":
         rounds = rounds or 4
         orders = [names[r % len(names):] + names[: r % len(names)] for r in range(rounds)]
     else:
@@ -417,8 +419,8 @@ def interleaved_ms(impls, reps, batch, rounds=None):
 
 def interleaved_groups(impls, reps, batch):
     """interleaved_ms per pass: the forward implementations together, then the backward ones
-    (balanced order; the legacy order timed all of them as one group)."""
-    if ORDER == "legacy":
+    (balanced order; the rotation order times all of them as one group)."""
+    if ORDER == "rotation":
         return interleaved_ms(impls, reps, batch)
     out = {}
     for suffix in ("_fwd", "_bwd"):
@@ -477,7 +479,11 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
                       f"{tf('ours_bwd_tf_s')/tf('cudnn_bwd_tf_s'):.2f}x cudnn", flush=True)
                 del q, k, v, do, o, l, dq, dk, dv, qt, kt, vt, impls
     if out_json:
-        json.dump(results, open(out_json, "w"), indent=1)
+        # Strict JSON: a rate that could not be measured (NaN: a backend unavailable) is null.
+        strict = [{k_: (None if isinstance(v_, float) and not math.isfinite(v_) else v_) for k_, v_ in r_.items()}
+                  for r_ in results]
+        with open(out_json, "w") as f:
+            json.dump(strict, f, indent=1, allow_nan=False)
     return results
 
 
@@ -514,9 +520,9 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--order", choices=("balanced", "legacy"), default="balanced",
+    ap.add_argument("--order", choices=("balanced", "rotation"), default="balanced",
                     help="implementation order of the interleaved timing (interleaved_ms)")
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default="", help="--bench: write the rows here (strict JSON: a missing rate is null)")
     a = ap.parse_args()
     global ORDER
     ORDER = a.order

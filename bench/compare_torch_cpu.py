@@ -10,8 +10,8 @@ usage: compare_torch_cpu.py --flashattn build/tools/flashattn --threads 2 16 [--
 
 Our program runs unbound (as PyTorch does) and, with --bind close/both, also with
 OMP_PROC_BIND=close OMP_PLACES=cores; the places libgomp made are printed (OMP_DISPLAY_ENV), since
-on a VM the "cores" it sees decide how many threads share one. (Session 2 measured 16 threads
-giving only ~2x the 2-thread rate, bound: docs/perf-log.md.)
+on a VM the "cores" it sees decide how many threads share one (16 threads, bound, gave only ~2x
+the 2-thread rate on the H200 machine: docs/perf/log.md, P-022).
 """
 import argparse
 import json

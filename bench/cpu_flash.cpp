@@ -274,7 +274,7 @@ int check() {
     auto c = add("varlen [0,3,70] k[4,0,80]", 73, 84, 32);
     c->seq_q = {0, 3, 70}; c->seq_k = {4, 0, 80};
   }
-  // Several forward tiles in both directions (256 × 256 since v3): the online rescale across key
+  // Several forward tiles in both directions (256 × 256): the online rescale across key
   // tiles, tiles skipped or partly masked by causal and windowed ranges.
   add("600x700 d64 causal", 600, 700, 64, true);
   { auto c = add("window 300,10 700x600 d72", 700, 600, 72); c->wl = 300; c->wr = 10; }

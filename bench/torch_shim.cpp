@@ -1,5 +1,5 @@
 // A tiny C ABI over flashattn for bench/compare_torch.py (ctypes): raw device pointers, shapes and
-// element strides in, an error message out (nullptr on success). Built by scripts/gpu-check:
+// element strides in, an error message out (nullptr on success). Built by scripts/dev/gpu-check:
 //   g++ -O2 -shared -fPIC bench/torch_shim.cpp -Iinclude BUILD/libflashattn.a -lcudart -lcublas -fopenmp
 #include <array>
 #include <cstdint>

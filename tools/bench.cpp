@@ -1,6 +1,7 @@
 // flashattn bench: one line per configuration, FLOP/s by the standard formula, the peak extra
 // memory of each call (the library's counted scratch: host for the CPU, device for CUDA), optional
-// check against the float64 reference on sampled rows, --json for machines.
+// check against the float64 reference on sampled rows, --json for machines (numbers exact, as
+// json_number writes them; a non-finite value, e.g. max_err of an output with NaN, is null).
 #include <cmath>
 #include <cstdio>
 
@@ -65,14 +66,16 @@ int run_bench(const BenchArgs& a) {
             if (a.json) {
               std::printf("%s  {\"device\":\"%s\",\"algorithm\":\"%s\",\"dtype\":\"%s\",\"batch\":%lld,\"heads\":%lld,"
                           "\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,\"head_dim\":%lld,\"causal\":%s,"
-                          "\"fwd_ms\":%.6g,\"fwd_flops_per_s\":%.6g,\"fwd_extra_bytes\":%.0f",
+                          "\"fwd_ms\":%s,\"fwd_flops_per_s\":%s,\"fwd_extra_bytes\":%s",
                           first ? "" : ",\n", to_string(device), to_string(alg), to_string(c.dtype), (long long)c.batch,
                           (long long)c.heads, (long long)c.heads_kv, (long long)c.seqlen_q, (long long)c.seqlen_k,
-                          (long long)d, causal ? "true" : "false", fwd_ms, fwd_rate * unit, fwd_extra);
+                          (long long)d, causal ? "true" : "false", json_number(fwd_ms).c_str(),
+                          json_number(fwd_rate * unit).c_str(), json_number(fwd_extra).c_str());
               if (a.backward)
-                std::printf(",\"bwd_ms\":%.6g,\"bwd_flops_per_s\":%.6g,\"bwd_extra_bytes\":%.0f", bwd_ms,
-                            bwd_rate * unit, bwd_extra);
-              if (a.check_rows > 0) std::printf(",\"max_err\":%.3g,\"ok\":%s", err, pass ? "true" : "false");
+                std::printf(",\"bwd_ms\":%s,\"bwd_flops_per_s\":%s,\"bwd_extra_bytes\":%s", json_number(bwd_ms).c_str(),
+                            json_number(bwd_rate * unit).c_str(), json_number(bwd_extra).c_str());
+              if (a.check_rows > 0)
+                std::printf(",\"max_err\":%s,\"ok\":%s", json_number(err).c_str(), pass ? "true" : "false");
               std::printf("}");
               first = false;
             } else {

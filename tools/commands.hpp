@@ -54,7 +54,7 @@ struct TrafficArgs {
   // auto: on CUDA, also measure the DRAM bytes of each call (CUPTI), where the machine allows;
   // off: the analytic count only.
   std::string measure = "auto";
-  // For Nsight Compute (scripts/gpu-physics): "forward:standard", "forward:flash",
+  // For Nsight Compute (scripts/dev/gpu-physics): "forward:standard", "forward:flash",
   // "backward:standard" or "backward:flash" runs only that call per N — its warm-up, then the call
   // between cudaProfilerStart and cudaProfilerStop (ncu --profile-from-start off) — and no CUPTI.
   std::string profile_call;

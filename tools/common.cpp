@@ -3,12 +3,14 @@
 #include "core/scratch.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <system_error>
 
 #include "commands.hpp"
 #include "core/check.hpp"
@@ -256,6 +258,21 @@ std::string json_string(const std::string& s) {
   }
   return out + "\"";
 }
+
+namespace {
+// The shortest decimal that parses back to x (std::to_chars without a precision: fixed or
+// scientific, whichever is shorter). x must be finite.
+std::string shortest_round_trip(double x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  if (r.ec != std::errc()) return strprintf("%.17g", x);  // not reached: 64 bytes hold any double
+  return std::string(buf, r.ptr);
+}
+}  // namespace
+
+std::string json_number(double x) { return std::isfinite(x) ? shortest_round_trip(x) : "null"; }
+
+std::string csv_number(double x) { return std::isfinite(x) ? shortest_round_trip(x) : std::string(); }
 
 std::string csv_field(const std::string& s) {
   std::string out = "\"";

@@ -83,6 +83,13 @@ std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2))
 std::string pad_right(const std::string& s, size_t width);
 // A JSON string literal (quotes included) of s.
 std::string json_string(const std::string& s);
+// x as a JSON number that reads back as the same double: the shortest decimal form that
+// round-trips (std::to_chars), e.g. 0.5, 1000, 0.1, 1.3680347067153985, 1e+300. JSON has no
+// infinities or NaN: -inf, inf and NaN are written as null (every --json output of the program
+// follows this rule).
+std::string json_number(double x);
+// x as a CSV number, the same shortest round-trip form; empty for -inf, inf and NaN.
+std::string csv_number(double x);
 // A CSV field (RFC 4180: quoted, inner quotes doubled) of s.
 std::string csv_field(const std::string& s);
 

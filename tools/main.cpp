@@ -4,6 +4,11 @@
 
 #include "commands.hpp"
 
+// What every --json output promises about its numbers (tools/common.hpp, json_number).
+constexpr const char* kJsonNumbers =
+    "numbers are exact: the shortest decimal that reads back as the same double; JSON has no "
+    "infinities or NaN, so -inf, inf and NaN are written as null";
+
 int main(int argc, char** argv) {
   using namespace flashattn::tools;
   CLI::App app{"flashattn — exact attention that moves less data"};
@@ -36,14 +41,19 @@ int main(int argc, char** argv) {
   c_bench->add_flag("--backward", bench.backward, "also time the backward pass");
   c_bench->add_option("--check-rows", bench.check_rows, "rows checked against the float64 reference (0 = off)")->capture_default_str();
   c_bench->add_option("--reps", bench.reps, "timed repetitions (median)")->capture_default_str()->check(CLI::PositiveNumber);
-  c_bench->add_flag("--json", bench.json);
+  c_bench->add_flag("--json", bench.json,
+                    std::string("one JSON array on stdout, an object per configuration; ") + kJsonNumbers +
+                        " (max_err of an output with NaN is null)");
 
   TraceArgs trace;
   auto* c_trace = app.add_subcommand("trace", "the online-softmax state after every key tile of one query row");
   c_trace->add_option("--scores", trace.scores, "comma-separated scores (-inf = masked)")->capture_default_str();
   c_trace->add_option("--tile", trace.tile, "keys per tile")->capture_default_str();
   c_trace->add_option("--values", trace.values, "one row per key, rows separated by ';', components by ','");
-  c_trace->add_flag("--json", trace.json);
+  c_trace->add_flag("--json", trace.json,
+                    std::string("one JSON object: steps (tile, row_max, row_sum, rescale, acc), out, lse, direct_out, "
+                                "max_abs_diff; ") +
+                        kJsonNumbers + " (row_max and lse of a row whose keys are all masked: -inf, so null)");
 
   TrafficArgs traffic;
   auto* c_traffic = app.add_subcommand("traffic", "bytes each algorithm moves through main memory, for a sweep of N");
@@ -55,9 +65,13 @@ int main(int argc, char** argv) {
   c_traffic->add_option("--heads-kv", traffic.heads_kv, "KV heads (GQA); default = heads");
   c_traffic->add_option("-d,--head-dim", traffic.head_dim)->capture_default_str()->check(CLI::Range(1, 256));
   c_traffic->add_flag("--causal", traffic.causal);
-  c_traffic->add_option("--format", traffic.format, "table, json or csv")->capture_default_str();
-  c_traffic->add_flag_callback("--json", [&] { traffic.format = "json"; });
-  c_traffic->add_flag_callback("--csv", [&] { traffic.format = "csv"; });
+  c_traffic->add_option("--format", traffic.format,
+                        std::string("table, json or csv; json and csv numbers are exact (the shortest decimal that "
+                                    "reads back as the same double; JSON writes a non-finite value as null, CSV "
+                                    "leaves its field empty)"))
+      ->capture_default_str();
+  c_traffic->add_flag_callback("--json", [&] { traffic.format = "json"; }, std::string("--format json: ") + kJsonNumbers);
+  c_traffic->add_flag_callback("--csv", [&] { traffic.format = "csv"; }, "--format csv");
   c_traffic->add_option("--measure", traffic.measure,
                         "auto: on cuda, also measure each call's DRAM bytes (CUPTI) where the machine allows; "
                         "off: the analytic count only")->capture_default_str();

@@ -115,8 +115,9 @@ def main():
         rows = []
         for r in json.load(open(a.compare)):
             for backend, name in (("ours", "flashattn"), ("fa2", "FA2 (PyTorch)"), ("cudnn", "cuDNN (PyTorch)")):
+                rate = lambda key: float("nan") if r.get(key) is None else r[key] * 1e12  # noqa: E731 (null: not measured)
                 rows.append({"head_dim": r["d"], "causal": r["causal"], "seqlen_q": r["n"], "backend": name,
-                             "fwd_flops_per_s": r[f"{backend}_fwd_tf"] * 1e12, "bwd_flops_per_s": r[f"{backend}_bwd_tf"] * 1e12})
+                             "fwd_flops_per_s": rate(f"{backend}_fwd_tf"), "bwd_flops_per_s": rate(f"{backend}_bwd_tf")})
         plot_bench(rows, os.path.join(a.out, a.compare_name))
 
 

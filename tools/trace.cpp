@@ -1,6 +1,8 @@
 // flashattn trace: the online-softmax state after every key tile for one query row, computed by
 // the library's own SoftmaxState (include/flashattn/online_softmax.hpp), checked against a
-// direct softmax.
+// direct softmax. --json prints every number exactly (json_number: the shortest decimal that
+// reads back as the same double); row_max and lse of a row whose keys are all masked are -inf,
+// which JSON lacks, and print as null.
 #include <cmath>
 #include <iomanip>
 #include <ostream>
@@ -30,15 +32,17 @@ std::vector<double> parse_list(const std::string& text, const char* option) {
   return out;
 }
 
+// For the table: 10 significant digits, -inf and inf spelled out.
 std::string fmt(double x) {
   std::ostringstream os;
   if (std::isinf(x)) os << (x < 0 ? "-inf" : "inf");
   else os << std::setprecision(10) << x;
   return os.str();
 }
-std::string fmt_list(const std::vector<double>& v) {
+// For --json: exact numbers, null for the non-finite ones.
+std::string json_list(const std::vector<double>& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + fmt(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + json_number(v[i]);
   return s + "]";
 }
 
@@ -110,11 +114,12 @@ int run_trace(const TraceArgs& a, std::ostream& os) {
     os << "{\"steps\":[";
     for (size_t i = 0; i < steps.size(); ++i) {
       const Step& s = steps[i];
-      os << (i ? "," : "") << "{\"tile\":" << s.tile << ",\"row_max\":" << (std::isinf(s.row_max) ? "null" : fmt(s.row_max))
-         << ",\"row_sum\":" << fmt(s.row_sum) << ",\"rescale\":" << fmt(s.rescale) << ",\"acc\":" << fmt_list(s.acc) << "}";
+      os << (i ? "," : "") << "{\"tile\":" << s.tile << ",\"row_max\":" << json_number(s.row_max)
+         << ",\"row_sum\":" << json_number(s.row_sum) << ",\"rescale\":" << json_number(s.rescale)
+         << ",\"acc\":" << json_list(s.acc) << "}";
     }
-    os << "],\"out\":" << fmt_list(out) << ",\"lse\":" << (std::isinf(lse) ? "null" : fmt(lse))
-       << ",\"direct_out\":" << fmt_list(direct) << ",\"max_abs_diff\":" << fmt(std::max(max_diff, lse_diff)) << "}\n";
+    os << "],\"out\":" << json_list(out) << ",\"lse\":" << json_number(lse) << ",\"direct_out\":" << json_list(direct)
+       << ",\"max_abs_diff\":" << json_number(std::max(max_diff, lse_diff)) << "}\n";
     return 0;
   }
   os << "Online softmax for one query row: " << n << " keys in tiles of " << a.tile << ".\n"

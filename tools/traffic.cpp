@@ -85,12 +85,16 @@ void measure_row(const Config& c, Row& r, const Measurer& measure, const std::st
 
 double ratio(const Traffic& num, const Traffic& den) { return den.total() > 0 ? num.total() / den.total() : 0; }
 
-std::string traffic_json(const Traffic& t) { return strprintf("{\"read\":%.0f,\"write\":%.0f}", t.read, t.write); }
+// JSON and CSV numbers are exact (json_number, csv_number): byte counts print as integers, ratios
+// with every digit a double holds.
+std::string traffic_json(const Traffic& t) {
+  return "{\"read\":" + json_number(t.read) + ",\"write\":" + json_number(t.write) + "}";
+}
 std::string measured_json(const Measured& m) {
   return m.ok ? traffic_json(bytes(m)) : "{\"unavailable\":" + json_string(m.reason) + "}";
 }
 std::string measured_ratio_json(const Measured& s, const Measured& f) {
-  return s.ok && f.ok ? strprintf("%.3f", ratio(bytes(s), bytes(f))) : "null";
+  return s.ok && f.ok ? json_number(ratio(bytes(s), bytes(f))) : "null";
 }
 
 void print_json(std::ostream& os, const std::vector<Row>& rows, const std::string& unavailable,
@@ -103,7 +107,8 @@ void print_json(std::ostream& os, const std::vector<Row>& rows, const std::strin
        << ",\"compulsory\":" << traffic_json(r.cf) << "},"
        << "\"backward\":{\"standard\":" << traffic_json(r.sb) << ",\"flash\":" << traffic_json(r.fb)
        << ",\"compulsory\":" << traffic_json(r.cb) << "},"
-       << strprintf("\"ratio\":{\"forward\":%.3f,\"backward\":%.3f},", ratio(r.sf, r.ff), ratio(r.sb, r.fb))
+       << "\"ratio\":{\"forward\":" << json_number(ratio(r.sf, r.ff)) << ",\"backward\":" << json_number(ratio(r.sb, r.fb))
+       << "},"
        << "\"measured\":";
     if (!unavailable.empty()) {
       os << "{\"unavailable\":" << json_string(unavailable) << "}";
@@ -138,11 +143,12 @@ void print_csv(std::ostream& os, const std::vector<Row>& rows, const std::string
                  {"backward", "flash", &r.fb, &r.fb, &r.mfb, &r.mfb},
                  {"backward", "compulsory", &r.cb, &r.fb, nullptr, &r.mfb}};
     for (const auto& it : items) {
-      os << strprintf("%lld,%s,%s,%.0f,%.0f,", (long long)r.n, it.pass, it.alg, it.model->read, it.model->write);
+      os << strprintf("%lld,%s,%s,", (long long)r.n, it.pass, it.alg) << csv_number(it.model->read) << ","
+         << csv_number(it.model->write) << ",";
       const bool have = unavailable.empty() && it.m && it.m->ok;
-      os << (have ? strprintf("%.0f,%.0f,", it.m->read, it.m->write) : std::string(",,"));
-      os << strprintf("%.4f,", ratio(*it.model, *it.model_flash));
-      os << (have && it.m_flash->ok ? strprintf("%.4f", ratio(bytes(*it.m), bytes(*it.m_flash))) : std::string()) << ",";
+      os << (have ? csv_number(it.m->read) + "," + csv_number(it.m->write) + "," : std::string(",,"));
+      os << csv_number(ratio(*it.model, *it.model_flash)) << ",";
+      os << (have && it.m_flash->ok ? csv_number(ratio(bytes(*it.m), bytes(*it.m_flash))) : std::string()) << ",";
       if (!it.m)
         os << csv_field("") << "\n";
       else if (!unavailable.empty())

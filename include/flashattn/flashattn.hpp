@@ -2,7 +2,7 @@
 //
 //   O = softmax(scale · Q Kᵀ + mask) V
 //
-// Public API. No CUDA, SIMD or Python types appear here (design.md, "Layers").
+// Public API. No CUDA, SIMD or Python types appear here (docs/architecture.md).
 // Semantics (one definition for every backend) are in docs/semantics.md.
 #pragma once
 
@@ -13,9 +13,9 @@
 
 // The library is compiled with hidden symbol visibility; only what this header declares is
 // exported. Without it every function-local static of an inline or template function (the
-// per-kernel "shared-memory attribute set" flags, the knob caches) became a GNU unique symbol,
-// shared by every copy of the library loaded into one process: a second copy skipped its own
-// cudaFuncSetAttribute and its launches failed (session 6, docs/perf-log.md).
+// per-kernel "shared-memory attribute set" flags, the knob caches) becomes a GNU unique symbol,
+// shared by every copy of the library loaded into one process: a second copy skips its own
+// cudaFuncSetAttribute and its launches fail.
 #if defined(__GNUC__) || defined(__clang__)
 #define FLASHATTN_API __attribute__((visibility("default")))
 #else
@@ -72,11 +72,13 @@ FLASHATTN_API void backward(const Tensor& q, const Tensor& k, const Tensor& v, c
 
 // Every rejected argument raises Error; its message names the argument, what was expected and
 // what was given. Nothing is written when an Error is raised by argument checking.
-// kind() tells a wrong dtype or device (type) from a wrong shape, stride or value (value); the
-// Python package maps them to TypeError and ValueError.
+// kind() tells a wrong dtype or device (type) from a wrong shape, stride or value (value), and
+// both from a valid call that no kernel of this build and device takes (unsupported: e.g. float32
+// with Algorithm::flash on CUDA; Algorithm::standard covers every valid call). The Python package
+// maps them to TypeError, ValueError and flashattn.UnsupportedError (a ValueError).
 class FLASHATTN_API Error : public std::runtime_error {
  public:
-  enum class Kind { value, type };
+  enum class Kind { value, type, unsupported };
   explicit Error(const std::string& what, Kind kind = Kind::value) : std::runtime_error(what), kind_(kind) {}
   Kind kind() const { return kind_; }
 
@@ -88,6 +90,12 @@ FLASHATTN_API const char* to_string(DType dtype);
 FLASHATTN_API const char* to_string(Device device);
 FLASHATTN_API const char* to_string(Algorithm algorithm);
 FLASHATTN_API size_t element_size(DType dtype);
+
+// The kernel path that this thread's last forward or backward call ran, once it returned normally:
+// "cpu.flash", "cpu.standard", "cuda.sm90" (the Hopper kernels), "cuda.sm80" (the portable
+// tensor-core kernels) or "cuda.standard"; "" before the first call. For tests and tools that must
+// know which implementation answered.
+FLASHATTN_API const char* last_kernel_path();
 
 // Which backends this build holds and what they run on.
 FLASHATTN_API bool cuda_available();  // built with CUDA and a device is present

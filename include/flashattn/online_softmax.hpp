@@ -6,7 +6,7 @@
 // and the caller keeps acc (O) — sum of exp(score - row_max) · value over the same keys.
 // When a tile raises the maximum from m_prev to m_new, everything accumulated so far was summed
 // relative to the old maximum and must be multiplied by rescale = exp(m_prev - m_new): row_sum here,
-// acc by the caller. That coupling is the whole trick (design.md, "Online softmax").
+// acc by the caller. That coupling is the whole trick (docs/semantics.md, "Online softmax").
 //
 // Units. With kLog2 = false scores are natural-log units and exponentials are exp(). With
 // kLog2 = true the caller has folded log2(e) into the scale once, scores are log2 units and the

@@ -5,7 +5,7 @@
 
 PyTorch autograd / torch.compile integration: ``flashattn.torch`` (imported on demand).
 """
-from ._flashattn import build_info, cuda_available
+from ._flashattn import UnsupportedError, build_info, cuda_available, last_kernel_path
 from ._api import attention, attention_backward
 
 try:
@@ -13,7 +13,15 @@ try:
 except ImportError:  # pragma: no cover
     __version__ = "0+unknown"
 
-__all__ = ["attention", "attention_backward", "cuda_available", "build_info", "__version__"]
+__all__ = [
+    "attention",
+    "attention_backward",
+    "cuda_available",
+    "build_info",
+    "last_kernel_path",
+    "UnsupportedError",
+    "__version__",
+]
 
 
 def __getattr__(name):

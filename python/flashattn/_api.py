@@ -97,7 +97,7 @@ def _stream_of(q: Any) -> int:
 def _for_c(a: Any):
     """What nanobind receives: NumPy views for bf16; for PyTorch, a DLPack capsule of the (detached)
     tensor — torch.utils.dlpack.to_dlpack takes ~0.3 µs where nanobind calling the tensor's
-    __dlpack__ method takes ~2.2 µs (docs/perf-log.md, session 6)."""
+    __dlpack__ method takes ~2.2 µs (docs/perf/log.md, P-073)."""
     if a is None:
         return None
     if isinstance(a, np.ndarray):

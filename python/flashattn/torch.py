@@ -72,7 +72,7 @@ def _forward_impl(q, k, v, scale, causal, window_left, window_right, softcap, cu
                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, algorithm, deterministic)
     # Tensors go to the binding as DLPack capsules (to_dlpack: ~0.3 µs each) rather than as
     # tensors, whose __dlpack__ method nanobind would call (~2.2 µs each, Python code in torch):
-    # 19 -> 8 µs per call on a tiny CPU problem (docs/perf-log.md, session 6).
+    # 19 -> 8 µs per call on a tiny CPU problem (docs/perf/log.md, P-073).
     with _device_ctx(q):
         _C.forward(_dl(q), _dl(k), _dl(v), _dl(out), _dl(lse), **_capsules(opts))
     return out, lse
@@ -164,15 +164,15 @@ torch.library.register_autograd("flashattn::forward", _autograd_backward,
 
 
 # ---- eager paths ---------------------------------------------------------------------------------
-# The custom ops' dispatch costs more than their bodies on short calls (docs/perf-log.md, session 6;
-# CPU, B1 N16 H1 d64): ~17 µs per forward without gradients, ~70 µs with (torch.library's autograd
-# wrapper), against a ~8 µs body. In plain eager mode — plain tensors, no torch.compile / export
-# tracing, no dispatch or torch-function mode, no functorch transform — attention() therefore calls
-# the bodies directly: without a gradient to record the forward body alone, with one through
-# _EagerAttention, an autograd.Function over the same forward and backward bodies (the op's own
-# autograd formula, once differentiable like the op). Results equal the ops' bit for bit
-# (test_eager_paths_match_ops). Any API this check relies on being absent (another PyTorch version)
-# sends every call through the ops.
+# The custom ops' dispatch costs more than their bodies on short calls (CPU, B1 N16 H1 d64;
+# docs/perf/log.md, P-073): ~17 µs per forward without gradients, ~70 µs with
+# (torch.library's autograd wrapper), against a ~8 µs body. In plain eager mode — plain tensors, no
+# torch.compile / export tracing, no dispatch or torch-function mode, no functorch transform —
+# attention() therefore calls the bodies directly: without a gradient to record the forward body
+# alone, with one through _EagerAttention, an autograd.Function over the same forward and backward
+# bodies (the op's own autograd formula, once differentiable like the op). Results equal the ops'
+# bit for bit (test_eager_paths_match_ops). Any API this check relies on being absent (another
+# PyTorch version) sends every call through the ops.
 _dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _function_stack_len = getattr(torch._C, "_len_torch_function_stack", None)
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)

@@ -262,6 +262,14 @@ NB_MODULE(_flashattn, m) {
   m.attr("__version__") = FLASHATTN_VERSION;
 #endif
 
+  // A valid call that no kernel of this build and device takes (Error::Kind::unsupported): a
+  // ValueError, so callers that catch bad input catch it too, with its own class to tell it apart.
+  static PyObject* unsupported_error =
+      PyErr_NewExceptionWithDoc("flashattn.UnsupportedError",
+                                "A valid call that no kernel of this build and device takes (e.g. float32 with the "
+                                "flash algorithm on CUDA); algorithm='standard' covers every valid call.",
+                                PyExc_ValueError, nullptr);
+  m.attr("UnsupportedError") = nb::borrow(unsupported_error);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -270,7 +278,10 @@ NB_MODULE(_flashattn, m) {
     } catch (const ValueErr& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const fa::Error& e) {
-      PyErr_SetString(e.kind() == fa::Error::Kind::type ? PyExc_TypeError : PyExc_ValueError, e.what());
+      PyObject* type = e.kind() == fa::Error::Kind::type          ? PyExc_TypeError
+                       : e.kind() == fa::Error::Kind::unsupported ? unsupported_error
+                                                                  : PyExc_ValueError;
+      PyErr_SetString(type, e.what());
     }
   });
 
@@ -343,4 +354,7 @@ NB_MODULE(_flashattn, m) {
   m.def("cuda_available", &fa::cuda_available,
         "True when this build holds the CUDA backend and a CUDA device is present.");
   m.def("build_info", &fa::build_info, "What this build holds (backends, architectures).");
+  m.def("last_kernel_path", [] { return std::string(fa::last_kernel_path()); },
+        "The kernel path of this thread's last call that returned normally: 'cpu.flash', 'cpu.standard', "
+        "'cuda.sm90', 'cuda.sm80' or 'cuda.standard' ('' before the first).");
 }

@@ -1,6 +1,6 @@
 """NumPy float64 reference for attention forward and backward (the spec the tests compare to).
 
-Written from design.md alone: bottom-right aligned causal/window masks, softcap before masking,
+Written from docs/semantics.md alone: bottom-right aligned causal/window masks, softcap before masking,
 GQA (query head h reads KV head h // (H // Hkv)), varlen by cu_seqlens, fully masked rows give
 output 0, LSE -inf and zero gradients.
 """

@@ -98,6 +98,20 @@ def test_fully_masked_rows_are_zero_not_nan():
     assert np.all(dq[:, :6] == 0)
 
 
+def test_last_kernel_path_names_what_ran():
+    rng = np.random.default_rng(4)
+    q, k, v = (make((1, 9, 2, 16), np.float32, rng) for _ in range(3))
+    for algorithm in ("flash", "standard"):
+        out, lse = flashattn.attention(q, k, v, algorithm=algorithm, return_lse=True)
+        assert flashattn.last_kernel_path() == "cpu." + algorithm
+        flashattn.attention_backward(np.ones_like(out), q, k, v, out, lse, algorithm=algorithm)
+        assert flashattn.last_kernel_path() == "cpu." + algorithm
+    with pytest.raises(ValueError):  # a rejected call leaves the last path as it was
+        flashattn.attention(q, k[:, :, :1, :8], v)
+    assert flashattn.last_kernel_path() == "cpu.standard"
+    assert issubclass(flashattn.UnsupportedError, ValueError)
+
+
 def test_strided_inputs_zero_copy():
     """Any strides with a contiguous last dimension: a packed qkv buffer and a (B, H, S, D) transpose."""
     rng = np.random.default_rng(2)

@@ -81,8 +81,8 @@ def test_matches_sdpa_float64(device, dtype, causal, hkv):
     B, S, H, D = 2, 37, 4, 64
     q, k, v = rand((B, S, H, D), dtype, device, gen), rand((B, S, hkv, D), dtype, device, gen), rand((B, S, hkv, D), dtype, device, gen)
     if device == "cuda" and dtype == torch.float32:
-        # The CUDA flash kernels are 16-bit only (as FlashAttention's): a TypeError naming dtype.
-        with pytest.raises(TypeError, match="dtype"):
+        # The CUDA flash kernels are 16-bit only (as FlashAttention's): UnsupportedError naming dtype.
+        with pytest.raises(flashattn.UnsupportedError, match="dtype"):
             flash_attn_func(q, k, v, causal=causal)
         return
     out = flash_attn_func(q, k, v, causal=causal)

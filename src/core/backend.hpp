@@ -5,6 +5,12 @@
 
 #include "core/params.hpp"
 
+namespace flashattn::detail {
+// Records the kernel path of the call in progress on this thread (last_kernel_path()); a string
+// literal. The dispatch and the CUDA backend call it just before the kernels run.
+void set_kernel_path(const char* path);
+}  // namespace flashattn::detail
+
 namespace flashattn::cpu {
 // Working precision, fp32 accumulation.
 void flash_forward(const detail::Params& p);

@@ -29,6 +29,14 @@ const char* to_string(Algorithm algorithm) {
   }
   return "?";
 }
+namespace {
+thread_local const char* t_kernel_path = "";  // of the last call that returned normally
+thread_local const char* t_pending_path = "";  // of the call in progress
+}  // namespace
+
+void detail::set_kernel_path(const char* path) { t_pending_path = path; }
+const char* last_kernel_path() { return t_kernel_path; }
+
 size_t element_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4> shape, Device device) {
@@ -67,6 +75,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   if (p.device == Device::cuda) {
     cuda::check_device_pointers(p, /*backward=*/false);
     cuda::forward(p);
+    t_kernel_path = t_pending_path;
     return;
   }
 #endif
@@ -74,6 +83,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
     cpu::flash_forward(p);
   else
     cpu::standard_forward(p);
+  t_kernel_path = p.algorithm == Algorithm::flash ? "cpu.flash" : "cpu.standard";
 }
 
 void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
@@ -83,6 +93,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   if (p.device == Device::cuda) {
     cuda::check_device_pointers(p, /*backward=*/true);
     cuda::backward(p);
+    t_kernel_path = t_pending_path;
     return;
   }
 #endif
@@ -90,6 +101,7 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
     cpu::flash_backward(p);
   else
     cpu::standard_backward(p);
+  t_kernel_path = p.algorithm == Algorithm::flash ? "cpu.flash" : "cpu.standard";
 }
 
 }  // namespace flashattn

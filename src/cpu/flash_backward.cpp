@@ -22,7 +22,7 @@
 // before the key-tile loop (another 2·|Q| fp32): every key tile re-reads them contiguous, instead
 // of re-converting the strided tensor rows and recomputing D_i per (key tile, query tile).
 // Kᵀ and Vᵀ copies stay: they are built once per key tile and feed OpenBLAS's NN path, which
-// measured 10-25 % faster here than gemm_nt on K/V rows (perf-log CPU v4).
+// measured 10-25 % faster here than gemm_nt on K/V rows (docs/perf/log.md, P-017).
 #include <omp.h>
 
 #include <algorithm>

@@ -31,14 +31,14 @@ inline size_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 struct FwdTiles {
   // OpenBLAS packs both operands of every call, so each call repacks Q (once per key tile) and
   // P, K, V: 256 × 256 makes every packed element serve 256 rows or columns of FMAs. Measured
-  // against 128 × 64 (v2), 128 × 128/256, 256 × 64/128, 384 × 128 and 512 × 128 (perf-log CPU v3):
+  // against 128 × 64 (v2), 128 × 128/256, 256 × 64/128, 384 × 128 and 512 × 128 (docs/perf/log.md, P-014):
   // best or tied on all four bar shapes (512 rows lose 5-9 % causal: more masked work).
   static constexpr int kBlockM = 256;  // query rows per tile
   static constexpr int kBlockN = 256;  // keys per tile (a multiple of kPadN)
 };
 struct BwdTiles {
   static constexpr int kBlockM = 64;  // query rows per tile (128 measured 5-14 % slower at d = 128)
-  // keys per tile: 128 measured +8 % at d = 64 but -6..-12 % at d = 128 (perf-log CPU v3)
+  // keys per tile: 128 measured +8 % at d = 64 but -6..-12 % at d = 128 (docs/perf/log.md, P-014)
   static constexpr int kBlockN = 64;
 };
 

@@ -152,7 +152,7 @@ void flash_forward(const detail::Params& p) {
     ForwardScratch w(d_pad, reads_kv_in_place(p) ? 0 : FwdTiles::kBlockN);
     // Head-major, descending: the threads work through one head's query tiles together, so that
     // head's K and V (4 MiB at N = 4096, d = 128) are re-read from L3 rather than DRAM (measured
-    // +2-7 %, perf-log CPU v3); within a head the last query tiles of a causal sequence (the most
+    // +2-7 %, docs/perf/log.md, P-014); within a head the last query tiles of a causal sequence (the most
     // keys) start first.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = items - 1; it >= 0; --it) {

@@ -1,6 +1,6 @@
 // The tile products of the SIMD tables through OpenBLAS's cblas_sgemm (Debian's OpenMP build,
 // libopenblas-openmp-dev). Measured faster than the hand-written AVX2/AVX-512 micro-kernels it
-// replaced on every bar shape (docs/perf-log.md, CPU v2), so the micro-kernels were removed; the
+// replaced on every bar shape (docs/perf/log.md, P-011), so the micro-kernels were removed; the
 // scalar table keeps its plain loops as the correctness baseline.
 //
 // Threading: every call comes from inside the kernels' own `omp parallel` regions. OpenBLAS's

@@ -13,7 +13,7 @@
 // ---- GEMM fallback ------------------------------------------------------------------------------
 // Used when the loaded OpenBLAS picked a generic (pre-AVX) kernel set for this CPU — measured on
 // Zen 4 with OPENBLAS_CORETYPE=Prescott at 35 GFLOP/s per thread against 87 with its own core;
-// this micro-kernel reaches about 90 % of OpenBLAS's good core (docs/perf-log.md, CPU).
+// this micro-kernel reaches about 90 % of OpenBLAS's good core (docs/perf/log.md, P-003).
 // The micro-kernel keeps an M×(NV·kLanes) block of C in registers and walks the k dimension: per
 // step NV vector loads of B, M broadcasts of A and M·NV independent FMAs.
 template <int M, int NV>
@@ -91,7 +91,7 @@ static void gemm_nt_own(int m, int n, int k, const float* a, int64_t lda, const 
   bt.resize(size_t(k) * size_t(n));
   // Blocked by 16 rows of B read side by side, so each bt row gets 16 consecutive floats at once:
   // the plain j-outer loop wrote one float per cache line and cost ~10 % of the forward
-  // (FLASHATTN_CPU_GEMM=own, docs/perf-log.md CPU v7).
+  // (FLASHATTN_CPU_GEMM=own, docs/perf/log.md, P-038).
   constexpr int kTB = 16;
   int j0 = 0;
   for (; j0 + kTB <= n; j0 += kTB) {

@@ -84,7 +84,7 @@ void check_flash_layout(const detail::TensorRef& t, const char* name, int64_t ba
        << "bytes, batch/row/head strides multiples of 8 elements); got pointer " << t.data
        << ", strides (" << t.batch_stride << ", " << t.row_stride << ", " << t.head_stride
        << ") — use Algorithm::standard for this layout";
-    throw Error(os.str());
+    throw Error(os.str(), Error::Kind::unsupported);
   }
 }
 
@@ -92,15 +92,15 @@ const KernelEntry& flash_kernel_for(const detail::Params& p, bool backward) {
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     throw Error(std::string("dtype: the CUDA flash kernels take float16 or bfloat16, got ") + to_string(p.dtype) +
                     " (Algorithm::standard takes float32)",
-                Error::Kind::type);
+                Error::Kind::unsupported);
   // The portable kernels take the row maximum of the raw scores q·k and mask with -inf before the
   // scale is applied, which is only right for a positive scale.
   if (!(p.scale > 0))
     throw Error("scale: the CUDA flash kernels need scale > 0, got " + std::to_string(p.scale) +
-                " (use Algorithm::standard)");
+                " (use Algorithm::standard)", Error::Kind::unsupported);
   if (p.head_dim % 8 != 0)
     throw Error("head_dim: the CUDA flash kernels need a multiple of 8, got " + std::to_string(p.head_dim) +
-                " (use Algorithm::standard)");
+                " (use Algorithm::standard)", Error::Kind::unsupported);
   const int64_t batch = p.varlen() ? 1 : p.batch;
   check_flash_layout(p.q, "q", batch);
   check_flash_layout(p.k, "k", batch);
@@ -114,7 +114,7 @@ const KernelEntry& flash_kernel_for(const detail::Params& p, bool backward) {
   }
   if (p.heads > 65535 || p.heads_kv > 65535 || p.batch > 65535)
     throw Error("heads/batch: the CUDA flash kernels take at most 65535 heads and 65535 sequences, got heads " +
-                std::to_string(p.heads) + ", batch " + std::to_string(p.batch));
+                std::to_string(p.heads) + ", batch " + std::to_string(p.batch), Error::Kind::unsupported);
   const KernelKey key{device_arch(current_device()), p.dtype, kernel_head_dim(int(p.head_dim)),
                       p.window_right == 0};
   return find_kernel(key);
@@ -152,17 +152,31 @@ bool hopper_allowed() {
 
 void forward(const detail::Params& p) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.algorithm == Algorithm::standard) return standard::forward(p, stream);
-  if (hopper_allowed() && sm90::supports(p)) return sm90::forward(p);
+  if (p.algorithm == Algorithm::standard) {
+    detail::set_kernel_path("cuda.standard");
+    return standard::forward(p, stream);
+  }
+  if (hopper_allowed() && sm90::supports(p)) {
+    detail::set_kernel_path("cuda.sm90");
+    return sm90::forward(p);
+  }
   const KernelEntry& k = flash_kernel_for(p, false);
+  detail::set_kernel_path("cuda.sm80");
   k.forward(make_args(p), stream);
 }
 
 void backward(const detail::Params& p) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.algorithm == Algorithm::standard) return standard::backward(p, stream);
-  if (hopper_allowed() && sm90::supports_backward(p)) return sm90::backward(p);
+  if (p.algorithm == Algorithm::standard) {
+    detail::set_kernel_path("cuda.standard");
+    return standard::backward(p, stream);
+  }
+  if (hopper_allowed() && sm90::supports_backward(p)) {
+    detail::set_kernel_path("cuda.sm90");
+    return sm90::backward(p);
+  }
   const KernelEntry& k = flash_kernel_for(p, true);
+  detail::set_kernel_path("cuda.sm80");
   AttnArgs a = make_args(p);
   const int64_t tensor_batch = p.varlen() ? 1 : p.batch;
   DeviceScratch dsum(size_t(tensor_batch * p.heads * p.seqlen_q) * sizeof(float), stream);

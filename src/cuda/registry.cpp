@@ -40,7 +40,7 @@ int kernel_head_dim(int head_dim) {
 }
 
 const KernelEntry& find_kernel(const KernelKey& key) {
-  // Newest arch first would matter once sm90 rows exist; today every row is sm80.
+  // Every row is an sm80 (portable) kernel; the Hopper kernels are chosen before the registry.
   for (const Row& r : kRows)
     if (key.arch >= r.min_arch && r.dtype == key.dtype && r.head_dim == key.head_dim && r.causal == key.causal)
       return r.entry;
@@ -48,7 +48,7 @@ const KernelEntry& find_kernel(const KernelKey& key) {
   os << "no CUDA flash kernel for (arch sm_" << key.arch << ", dtype " << to_string(key.dtype)
      << ", head_dim " << key.head_dim << ", causal " << (key.causal ? "true" : "false")
      << "); available: " << registry_summary() << " (Algorithm::standard covers every case)";
-  throw Error(os.str());
+  throw Error(os.str(), Error::Kind::unsupported);
 }
 
 std::string registry_summary() {

@@ -1,7 +1,7 @@
 // The registry of explicit kernel instantiations, keyed on (arch, dtype, head_dim, causal).
-// Window, softcap, GQA and varlen are runtime values (src/cuda/common/mask.cuh): causal is part of
-// the key as design.md asks, but both values map to the same instantiation today (the causal mask
-// is the window (-1, 0), and fully-masked tiles are skipped at run time either way).
+// Window, softcap, GQA and varlen are runtime values (src/cuda/sm80/mask.cuh). Causal is part of
+// the key (docs/architecture.md, "Dispatch"), but both values map to the same instantiation: the
+// causal mask is the window (-1, 0), and fully-masked tiles are skipped at run time either way.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,12 +1,12 @@
 // The memory pool the CUDA backend's scratch buffers come from (DeviceScratch, the Hopper tile
-// counter). Header-only, so the standalone Hopper objects (bench/sm90_build.sh) can use it too.
+// counter). Header-only.
 //
 // Why not the device's default pool: its release threshold is 0, so every synchronization (an
 // event or stream sync between training steps, or between timed calls) hands the scratch back to
 // the driver, and the next call maps it again — measured on the H200 as a fixed cost per backward
-// call that dominated short sequences (docs/perf-log.md, session 3). This pool keeps up to
+// call that dominated short sequences (docs/perf/log.md, P-029). This pool keeps up to
 // FLASHATTN_CUDA_SCRATCH_CACHE bytes (default 1 GiB; 0 = release at every synchronization) mapped
-// between calls, the way PyTorch's caching allocator does; the rest is released as before.
+// between calls, the way PyTorch's caching allocator does, and releases the rest.
 // The scratch counters (core/scratch.hpp) count live buffers, not what the pool keeps.
 #pragma once
 

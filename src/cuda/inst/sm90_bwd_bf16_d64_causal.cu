@@ -1,5 +1,5 @@
 // Hopper backward, bf16, head_dim 64, causal.
-#include "cuda/sm90/kernel_bwd.cuh"
+#include "cuda/sm90/bwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template cudaError_t launch_bwd<64, false, true>(const BwdArgs&, cudaStream_t);

@@ -1,5 +1,5 @@
 // Hopper backward, f16, head_dim 128, causal.
-#include "cuda/sm90/kernel_bwd.cuh"
+#include "cuda/sm90/bwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template cudaError_t launch_bwd<128, true, true>(const BwdArgs&, cudaStream_t);

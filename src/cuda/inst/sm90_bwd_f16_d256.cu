@@ -1,5 +1,5 @@
-// Hopper backward, f16, head_dim 256 (kernel_bwd_wide.cuh).
-#include "cuda/sm90/kernel_bwd.cuh"
+// Hopper backward, f16, head_dim 256 (bwd/kernel_wide.cuh).
+#include "cuda/sm90/bwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template cudaError_t launch_bwd<256, true, false>(const BwdArgs&, cudaStream_t);

@@ -1,5 +1,5 @@
-// Hopper backward, f16, head_dim 256, causal (kernel_bwd_wide.cuh).
-#include "cuda/sm90/kernel_bwd.cuh"
+// Hopper backward, f16, head_dim 256, causal (bwd/kernel_wide.cuh).
+#include "cuda/sm90/bwd/launch.cuh"
 
 namespace flashattn::cuda::sm90 {
 template cudaError_t launch_bwd<256, true, true>(const BwdArgs&, cudaStream_t);

@@ -1,5 +1,5 @@
 // Hopper forward, f16, head_dim 256, non-causal.
-#include "cuda/sm90/kernel_fwd.cuh"
+#include "cuda/sm90/fwd/kernel.cuh"
 
 namespace flashattn::cuda::sm90 {
 template cudaError_t launch_fwd<256, true, false>(const FwdArgs&, cudaStream_t);

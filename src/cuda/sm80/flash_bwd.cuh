@@ -15,10 +15,10 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/args.hpp"
-#include "cuda/common/mask.cuh"
-#include "cuda/common/ptx.cuh"
+#include "cuda/sm80/mask.cuh"
+#include "cuda/sm80/ptx.cuh"
 #include "cuda/common/runtime.hpp"
-#include "cuda/common/smem_tile.cuh"
+#include "cuda/sm80/smem_tile.cuh"
 #include "cuda/sm80/launch.hpp"
 #include "cuda/sm80/tile_config.cuh"
 

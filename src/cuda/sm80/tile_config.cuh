@@ -2,7 +2,7 @@
 // Every warp owns whole 16-row bands of the output tile, so no cross-warp reduction is needed.
 #pragma once
 
-#include "cuda/common/smem_tile.cuh"
+#include "cuda/sm80/smem_tile.cuh"
 
 namespace flashattn::cuda::sm80 {
 

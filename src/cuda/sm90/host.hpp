@@ -1,4 +1,4 @@
-// Host-side helpers the Hopper forward (sm90.cu) and backward (sm90_bwd.cu) dispatch share.
+// Host-side helpers the Hopper forward (dispatch_fwd.cu) and backward (dispatch_bwd.cu) dispatch share.
 #pragma once
 
 #include <cuda.h>
@@ -20,14 +20,21 @@ inline bool x_chunked(int64_t d) { return d % 64 != 0; }
 
 // A (batch, rows, heads, D) 16-bit tensor as a 5-D TMA map (64, rows, D/64, heads, batch) with
 // boxes of (64, box_rows, box_chunks): they land in smem as box_chunks consecutive 128B-swizzled
-// (box_rows × 128 B) chunks (hopper-sm90.md §3.2); x_chunked(D): (D, rows, 1, heads, batch), boxes
+// (box_rows × 128 B) chunks (docs/hopper-sm90.md §3.2); x_chunked(D): (D, rows, 1, heads, batch), boxes
 // of one chunk.
 CUtensorMap make_map(const detail::TensorRef& t, int64_t batch, int64_t rows, int64_t heads, int64_t d,
                      int box_rows, int box_chunks, bool f16);
 
-// Measurement switches (FLASHATTN_SM90_*, docs/perf-log.md): the integer value of the environment
-// variable `name`, or `unset` when it is absent or empty. Callers keep it in a function-local static.
+// Experiment knobs (FLASHATTN_SM90_* environment variables, for measurements): read only by a build
+// configured with -DFLASHATTN_DEV_KNOBS=ON, where env_knob gives the variable's integer value, or
+// `unset` when it is absent or empty (callers keep it in a function-local static). In every other
+// build FLASHATTN_DEV_KNOB is its default and the library never looks at the variable.
+#if FLASHATTN_DEV_KNOBS
 int env_knob(const char* name, int unset);
+#define FLASHATTN_DEV_KNOB(name, unset) ::flashattn::cuda::sm90::env_knob(name, unset)
+#else
+#define FLASHATTN_DEV_KNOB(name, unset) (unset)
+#endif
 
 bool device_is_sm90();                          // the current device is compute capability 9.0
 bool strides_ok(const detail::TensorRef& t);  // TMA: 16-byte aligned base, strides multiples of 8 elements

@@ -2,16 +2,11 @@
 // BwdArgs carry the same seqlen_q/k and cu_seqlens_q/k fields; launch.hpp).
 #pragma once
 
-#include "cuda/sm90/ptx.cuh"
+#include "cuda/sm90/primitives/ptx.cuh"
+#include "cuda/sm90/seq_rows.hpp"
 
 namespace flashattn::cuda::sm90 {
 
-// Sequence b: its first query and key row in the tensors, its lengths, and the batch coordinate of
-// the TMA maps. Without varlen the whole tensors of batch entry b; with varlen (cu_seqlens_q set)
-// rows of the packed tensors, whose maps have batch extent 1 (batch coordinate 0).
-struct SeqRows {
-  int q_start, k_start, q_len, k_len, batch;
-};
 // kVarlen false: a kernel (instance) without varlen, nothing loaded. True: varlen when the args
 // carry cu_seqlens_q (the forward's varlen instance always; the backward's d64/d128 kernel serves
 // both). Loaded with loads the compiler keeps where they are: the kernels load it where it is

@@ -4,7 +4,7 @@
 // each owning 64 query rows of the kBlockM = 128 tile (one m64 wgmma row block each).
 //
 // Shared memory (16-bit elements, every tile stored as 64-element = 128-byte column chunks with the
-// 128B swizzle, see hopper-sm90.md §2):
+// 128B swizzle, see docs/hopper-sm90.md §2):
 //   sQ = kBlockM·D·2,  sK = sV = kBlockN·D·2 per stage,  sO = sQ-sized staging for the TMA store.
 //   d64 : 128×128, 3 stages: 16 KiB + 3·(16+16) KiB + sO 16 KiB = 128 KiB
 //   d128: 128×128, 2 stages: 32 KiB + 2·(32+32) KiB + sO 32 KiB = 192 KiB
@@ -24,11 +24,11 @@ namespace flashattn::cuda::sm90 {
 
 // The query tile: 128 rows (2 consumer warpgroups), or at d64 192 rows (3 warpgroups, FA3's choice,
 // setmaxnreg 32/160: 128·32 + 384·160 = 65536). At d64 the exponentials cost as many cycles as the
-// GEMMs (docs/perf-log.md), so a third warpgroup's softmax hides behind two others' GEMMs: measured
-// on the H200 +11–18 % non-causal, causal +6–12 % at N >= 2048 but −6–9 % at N = 512/1024 (more of
-// a 192-row diagonal tile is masked work, and short causal grids have fewer tiles to balance).
-// With a softcap 128 rows: the 192-row softcap instances (160 registers a consumer thread) spilled
-// 36–68 bytes (session 11).
+// GEMMs, so a third warpgroup's softmax hides behind two others' GEMMs: measured on the H200
+// +11–18 % non-causal, causal +6–12 % at N >= 2048 but −6–9 % at N = 512/1024 (more of a 192-row
+// diagonal tile is masked work, and short causal grids have fewer tiles to balance; docs/perf/log.md,
+// P-027). With a softcap 128 rows: the 192-row softcap instances (160 registers a
+// consumer thread) spill 36–68 bytes.
 inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long seqlen_k, bool softcap) {
   if (head_dim != 64 || softcap) return 128;
   return !causal || (seqlen_q >= 2048 && seqlen_k >= 2048) ? 192 : 128;
@@ -36,12 +36,10 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
 
 // The key tile: the largest with two stages in 227 KiB — 128 (d64, d128), 112 (d192: 128 would
 // need 240 KiB; O staged in sQ), 80 (d256).
-// d128 took 176 keys (FA3's non-causal choice; O staged in sQ) from 8192 keys (session 5: +4–10 %
-// non-causal, +1–3 % causal at N = 8192/16384 with the 4-chain softmax) until the speculative
-// softmax (mainloop.cuh kSpeculative), which the 176-key tiles could not hold without spilling:
-// with it the 128-key tiles are faster there too (docs/perf-log.md session 15 runs 3–4: kernel
-// −3.1 / −3.3 % non-causal and −4.4 / −3.3 % causal at N = 8192 / 16384), and the 176-key
-// instance was removed.
+// d128 keeps 128 keys at every length: 176 keys (FA3's non-causal choice; O staged in sQ) cannot
+// hold the speculative softmax (mainloop.cuh kSpeculative) without spilling, and with it the
+// 128-key tiles are faster at N = 8192 / 16384 too (kernel −3.1 / −3.3 % non-causal, −4.4 / −3.3 %
+// causal; docs/perf/log.md, P-135).
 constexpr int fwd_default_block_n(int head_dim) { return head_dim == 256 ? 80 : head_dim == 192 ? 112 : 128; }
 
 template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = fwd_default_block_n(kHeadDim)>
@@ -69,7 +67,7 @@ struct FwdTile {
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };
 
-// Backward (kernel_bwd.cuh): one CTA per (key tile, KV head, batch); 2 consumer warpgroups of 64
+// Backward (bwd/kernel.cuh): one CTA per (key tile, KV head, batch); 2 consumer warpgroups of 64
 // keys each (kBlockN = 128) hold dK and dV in registers and loop over query tiles of kBlockM rows.
 //   d128, kBlockM = 64: registers per consumer thread dK + dV = 128, Sᵀ + dPᵀ = 64, P/dS as 16-bit
 //   A operands 16 each, dQ 32 (m64n64): 224 at the peak.
@@ -79,7 +77,7 @@ struct FwdTile {
 //   formed from the 16-bit Pᵀ (the fp32 copy is dead by then) and dQ is split by query halves. A
 //   64-query d64 step (dQ split over keys, warpgroups in ping-pong) measured 6–24 % slower; FA3's
 //   step with dQ split over keys (64-register m64n128 accumulator) and fp32 Pᵀ kept for dSᵀ
-//   spilled (session 2).
+//   spills.
 //   smem: K, V kBlockN·D·2 each; Q, dO kBlockM·D·2 each per stage (2 stages); dSᵀ kBlockN·kBlockM·2
 //   double-buffered; the fp32 dQ block of each warpgroup (64×64) double-buffered for the bulk
 //   reduce.
@@ -105,7 +103,7 @@ struct BwdTile {
   static_assert(kSmemBytes + 1024 + 256 <= 232448, "shared memory over the 227 KiB cap");
 };
 
-// Backward at head dim 256 (kernel_bwd_wide.cuh): dK and dV of 64 keys × 256 would need 256
+// Backward at head dim 256 (bwd/kernel_wide.cuh): dK and dV of 64 keys × 256 would need 256
 // registers per thread in one warpgroup, so the two consumer warpgroups split the head dim instead:
 // warpgroup g holds dK and dV columns 128g..128g+127 of all kBlockN = 64 keys (64 + 64 registers).
 // Sᵀ and dPᵀ (64 × 64 each, K = 256) are split by GEMM: warpgroup 0 computes Sᵀ and Pᵀ, warpgroup

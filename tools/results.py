@@ -22,19 +22,19 @@ H200 = {
     "file": "docs/perf/h200.json",
     "machine": "one NVIDIA H200 (132 SMs, driver 580.159.04, CUDA 13.0); PyTorch 2.11's SDPA backends "
                "FlashAttention-2 (FA2) and cuDNN 9.19 in the same process; bf16",
-    "date": "2026-11-30",
-    "commit": "e820eae",
-    "log": "P-136",
-    "command": "ARCHS=90-real TESTS=OFF TOOLS=OFF PY=1 BENCH=1 CPU_BENCH=0 CHECK=1 SANITIZE=0 scripts/dev/gpu-check "
+    "date": "2026-12-01",
+    "commit": "ee40239",
+    "log": "P-140",
+    "command": "ARCHS=90-real PY=0 scripts/dev/gpu-check "
                "(runs `python3 bench/compare_torch.py --lib build-gpu/libflashattn_torch_shim.so --bench --json …` "
-               "after its `--check`)",
+               "after its tests, sanitizers and `--check`)",
     "shape": "batch·N = 16384, heads·head_dim = 2048, Nq = Nk = N; FLOPs: forward 4·B·H·N²·d (half for causal), "
              "backward 2.5× the forward",
     "measure": "per call: one call timed alone on an idle GPU, host work included (ours through the C API, "
                "PyTorch's through `scaled_dot_product_attention`), the implementations interleaved in a balanced "
                "order; back to back: 10 calls between two events, where the H200 runs at its power limit",
-    "note": "The backward rows predate P-138 (the dQ staging without bank conflicts: backward kernel time "
-            "−7.7…−14.1 %). Kernel times (CUPTI) of the same run are in P-136.",
+    "note": "The backward rows include P-138 (the dQ staging without bank conflicts). Kernel times (CUPTI) "
+            "were last measured in P-136.",
     "headline": [(64, False), (128, False), (128, True), (256, False)],
     "headline_n": 16384,
 }

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "core/kv_params.hpp"
 #include "core/params.hpp"
 
 namespace flashattn::detail {
@@ -17,6 +18,7 @@ void flash_forward(const detail::Params& p);
 void flash_backward(const detail::Params& p);
 void standard_forward(const detail::Params& p);
 void standard_backward(const detail::Params& p);
+void kvcache_forward(const detail::KVParams& p);  // append, then split-KV attention
 std::string info();  // tile-kernel table, OpenBLAS build and core, OpenMP threads
 }  // namespace flashattn::cpu
 

@@ -4,6 +4,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/kv_params.hpp"
 
 namespace flashattn {
 
@@ -102,6 +103,17 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   else
     cpu::standard_backward(p);
   t_kernel_path = p.algorithm == Algorithm::flash ? "cpu.flash" : "cpu.standard";
+}
+
+void forward_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out, const Tensor* lse,
+                     const KVCacheOptions& options) {
+  const detail::KVParams p = detail::check_kvcache(q, cache, out, lse, options);
+  if (p.device == Device::cuda)
+    throw Error("flashattn::forward_kvcache: q: the CUDA backend has no KV-cache kernels in this build (device cpu "
+                "runs it)",
+                Error::Kind::unsupported);
+  cpu::kvcache_forward(p);
+  t_kernel_path = "cpu.kvcache";
 }
 
 }  // namespace flashattn

@@ -8,6 +8,7 @@
 //   lse:    [(b * heads + h) * seqlen_q + i]                     (-inf for rows that see no key)
 #pragma once
 
+#include "core/kv_params.hpp"
 #include "core/params.hpp"
 
 namespace flashattn::cpu {
@@ -20,5 +21,9 @@ void reference_row(const detail::Params& p, int64_t b, int64_t h, int64_t i, dou
 
 // Gradients from q, k, v and p.dout only (out and lse are recomputed in double).
 void reference_backward(const detail::Params& p, double* dq, double* dk, double* dv);
+
+// forward_kvcache's reference, from the cache as it is before the call (it writes no cache):
+//   out: [((b * seqlen_q + i) * heads + h) * head_dim + c]   lse: [(b * heads + h) * seqlen_q + i]
+void reference_kvcache(const detail::KVParams& p, double* out, double* lse);
 
 }  // namespace flashattn::cpu

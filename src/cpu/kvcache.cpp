@@ -1,0 +1,191 @@
+// The CPU backend of forward_kvcache: the new tokens appended in place (rotated first), then
+// attention over each sequence's cache with its keys split into ranges, each range's fp32
+// online-softmax state merged at the end (SoftmaxState::merge).
+//
+// Work items: (sequence, KV head, block of query rows, key split). The query rows of one KV head
+// are its group's heads × the query tokens, packed row = token · group + head, so every K/V row
+// loaded serves the whole group (GQA packing). Keys are read in chunks of up to kChunk rows that
+// never cross a page, converted to fp32 once per chunk and item; the scores and the P·V update
+// are the tile products of the ISA table (tile_kernels.hpp).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/dtype.hpp"
+#include "core/kv_params.hpp"
+#include "cpu/isa.hpp"
+#include "flashattn/online_softmax.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+using detail::KVParams;
+using State = SoftmaxState<float, true>;  // scores in log2 units (scale·log2 e folded in)
+
+constexpr int kChunk = 64;      // keys per chunk
+constexpr int kRowBlock = 64;   // packed query rows per work item
+constexpr int64_t kMinSplitKeys = 256;
+
+char* elem(const detail::TensorRef& t, DType dt, int64_t b, int64_t i, int64_t h) {
+  return static_cast<char*>(t.data) + t.offset(b, i, h) * int64_t(element_size(dt));
+}
+
+// x[0..rotary_dim) rotated at position pos (flash-attn's rule, interleaved or not), in fp32.
+void rotate(const KVParams& p, int64_t pos, float* x) {
+  const int64_t half = p.rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = detail::load_as_float(p.rotary_cos, pos * p.rotary_stride + i, p.rotary_dtype);
+    const float s = detail::load_as_float(p.rotary_sin, pos * p.rotary_stride + i, p.rotary_dtype);
+    const int64_t a = p.rotary_interleaved ? 2 * i : i, b = p.rotary_interleaved ? 2 * i + 1 : i + half;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+  }
+}
+
+void append(const KVParams& p, const TileKernels& tk) {
+  const int64_t n = p.batch * p.seqlen_new * p.heads_kv, d = p.head_dim;
+  const size_t row_bytes = size_t(d) * element_size(p.dtype);
+#pragma omp parallel
+  {
+    std::vector<float> buf(size_t(pad_n(d)), 0.f);
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < n; ++it) {
+      const int64_t h = it % p.heads_kv, j = (it / p.heads_kv) % p.seqlen_new, b = it / (p.heads_kv * p.seqlen_new);
+      const int64_t t = p.seqlens[b] + j;
+      int64_t cb = 0, row = 0;
+      p.locate(b, t, &cb, &row);
+      char* kdst = elem(p.k_cache, p.dtype, cb, row, h);
+      const char* ksrc = elem(p.k_new, p.dtype, b, j, h);
+      if (p.rotary_dim > 0) {
+        tk.load(ksrc, p.dtype, int(d), 1.f, buf.data());
+        rotate(p, t, buf.data());
+        tk.store(buf.data(), int(d), 1.f, p.dtype, kdst);
+      } else {
+        std::memcpy(kdst, ksrc, row_bytes);
+      }
+      std::memcpy(elem(p.v_cache, p.dtype, cb, row, h), elem(p.v_new, p.dtype, b, j, h), row_bytes);
+    }
+  }
+}
+
+// The split count: the caller's, or enough items for two per thread, each split at least
+// kMinSplitKeys keys of the longest sequence.
+int choose_splits(const KVParams& p, int64_t row_blocks) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) longest = std::max(longest, p.total_len(b));
+  if (p.num_splits > 0) return int(std::max<int64_t>(1, std::min<int64_t>(p.num_splits, std::max<int64_t>(1, longest))));
+  const int64_t items = p.batch * p.heads_kv * row_blocks;
+  const int64_t want = (2 * int64_t(omp_get_max_threads()) + items - 1) / items;
+  return int(std::clamp<int64_t>(std::min<int64_t>(want, longest / kMinSplitKeys), 1, 128));
+}
+
+struct Scratch {
+  std::vector<float> q, k, v, s, scale;
+  explicit Scratch(int64_t d_pad)
+      : q(size_t(kRowBlock * d_pad)), k(size_t(kChunk * d_pad), 0.f), v(k.size(), 0.f),
+        s(size_t(kRowBlock * kChunk)), scale(kRowBlock) {}
+};
+
+// One work item: rows [r0, r0 + nr) of (b, hkv) over keys [k0, k1) into acc (nr × d_pad) and st.
+void attend(const KVParams& p, const TileKernels& tk, int64_t b, int64_t hkv, int64_t r0, int nr, int64_t k0,
+            int64_t k1, Scratch& w, float* acc, State* st) {
+  const int64_t d = p.head_dim, d_pad = pad_n(d), G = p.group_size(), total = p.total_len(b);
+  constexpr float kLog2e = 1.4426950408889634f;
+  // The rows' queries (rotated, times scale) and visible key ranges.
+  int64_t lo = k1, hi = k0;
+  int64_t row_lo[kRowBlock], row_hi[kRowBlock];
+  for (int r = 0; r < nr; ++r) {
+    const int64_t i = (r0 + r) / G, h = hkv * G + (r0 + r) % G;
+    float* q = &w.q[size_t(r * d_pad)];
+    tk.load(elem(p.q, p.dtype, b, i, h), p.dtype, int(d), 1.f, q);
+    if (p.rotary_dim > 0) rotate(p, p.query_position(b, i), q);
+    for (int64_t c = 0; c < d; ++c) q[c] *= p.scale;
+    const detail::KeyRange kr = p.visible(i, total);
+    row_lo[r] = std::max(kr.lo, k0);
+    row_hi[r] = std::min(kr.hi, k1);
+    if (row_lo[r] < row_hi[r]) lo = std::min(lo, row_lo[r]), hi = std::max(hi, row_hi[r]);
+    st[r] = State{};
+  }
+  std::fill(acc, acc + nr * d_pad, 0.f);
+  const int64_t span = p.paged ? p.cache_rows : total;
+  for (int64_t t = lo; t < hi;) {
+    const int n = int(std::min<int64_t>({kChunk, hi - t, span - t % span}));  // within one page
+    int64_t cb = 0, row = 0;
+    p.locate(b, t, &cb, &row);
+    const char* kb = elem(p.k_cache, p.dtype, cb, row, hkv);
+    const char* vb = elem(p.v_cache, p.dtype, cb, row, hkv);
+    const int64_t kstep = p.k_cache.row_stride * int64_t(element_size(p.dtype));
+    const int64_t vstep = p.v_cache.row_stride * int64_t(element_size(p.dtype));
+    for (int j = 0; j < n; ++j) {
+      tk.load(kb + j * kstep, p.dtype, int(d), 1.f, &w.k[size_t(j * d_pad)]);
+      tk.load(vb + j * vstep, p.dtype, int(d), 1.f, &w.v[size_t(j * d_pad)]);
+    }
+    tk.gemm_nt(nr, n, int(d), w.q.data(), d_pad, w.k.data(), d_pad, w.s.data(), kChunk);
+    for (int r = 0; r < nr; ++r) {
+      float* s = &w.s[size_t(r * kChunk)];
+      if (p.softcap > 0)
+        tk.softcap(s, n, p.softcap, kLog2e, nullptr);
+      else
+        for (int j = 0; j < n; ++j) s[j] *= kLog2e;
+      const float ninf = -INFINITY;
+      for (int j = 0; j < n; ++j)
+        if (t + j < row_lo[r] || t + j >= row_hi[r]) s[j] = ninf;
+      w.scale[size_t(r)] = st[r].begin_tile(tk.row_max(s, n));
+      st[r].add_sum(tk.exp2_sum(s, n, st[r].exp_offset()));
+    }
+    tk.gemm(nr, int(d), n, w.s.data(), kChunk, 1, w.v.data(), d_pad, acc, d_pad, w.scale.data(), true);
+    t += n;
+  }
+}
+
+}  // namespace
+
+void kvcache_forward(const KVParams& p) {
+  const TileKernels& tk = tile_kernels();
+  if (p.seqlen_new > 0) append(p, tk);
+
+  const int64_t rows = p.group_size() * p.seqlen_q, row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const int splits = choose_splits(p, row_blocks);
+  const int64_t d = p.head_dim, d_pad = pad_n(d);
+  const int64_t groups = p.batch * p.heads_kv * row_blocks;  // (b, hkv, row block), split fastest
+  std::vector<float> acc(size_t(groups * splits * kRowBlock * d_pad));
+  std::vector<State> st(size_t(groups * splits * kRowBlock));
+  auto item_rows = [&](int64_t g) { return int(std::min<int64_t>(kRowBlock, rows - (g % row_blocks) * kRowBlock)); };
+
+#pragma omp parallel
+  {
+    Scratch w(d_pad);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < groups * splits; ++it) {
+      const int64_t g = it / splits, s = it % splits;
+      const int64_t rb = g % row_blocks, hkv = (g / row_blocks) % p.heads_kv, b = g / (row_blocks * p.heads_kv);
+      const int64_t total = p.total_len(b);
+      attend(p, tk, b, hkv, rb * kRowBlock, item_rows(g), total * s / splits, total * (s + 1) / splits, w,
+             &acc[size_t(it * kRowBlock * d_pad)], &st[size_t(it * kRowBlock)]);
+    }
+    // Merge the splits in order (the same result for the same split count), then write out.
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t rb = g % row_blocks, hkv = (g / row_blocks) % p.heads_kv, b = g / (row_blocks * p.heads_kv);
+      const int64_t G = p.group_size();
+      for (int r = 0; r < item_rows(g); ++r) {
+        float* a0 = &acc[size_t((g * splits * kRowBlock + r) * d_pad)];
+        State& s0 = st[size_t(g * splits * kRowBlock + r)];
+        for (int s = 1; s < splits; ++s) {
+          const int64_t it = g * splits + s;
+          s0.merge(st[size_t(it * kRowBlock + r)], &acc[size_t((it * kRowBlock + r) * d_pad)], int(d), a0);
+        }
+        const int64_t row = rb * kRowBlock + r, i = row / G, h = hkv * G + row % G;
+        tk.store(a0, int(d), s0.inv_sum(), p.dtype, elem(p.out, p.dtype, b, i, h));
+        if (p.lse.data) p.lse.data[p.lse.offset(b, h, i)] = s0.lse();
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cpu

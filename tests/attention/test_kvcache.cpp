@@ -1,0 +1,438 @@
+// forward_kvcache (include/flashattn/kvcache.hpp) against an fp64 oracle written here from the
+// definition: the cache's first cache_seqlens[b] tokens, then the new tokens (keys rotated at their
+// positions and stored in the cache's dtype), attended by the (rotated) queries with the mask
+// aligned bottom-right to each sequence's total length. Checked: the output against the tolerance
+// rule (plain same-precision attention over the same keys), the LSE, the cache after the call (the
+// new slots hold the new tokens, every other byte as before), the library's own fp64 reference,
+// split counts agreeing with each other, and bad input leaving out, lse and the cache untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/kv_params.hpp"
+#include "cpu/reference.hpp"
+#include "flashattn/kvcache.hpp"
+#include "support/test_util.hpp"
+
+namespace fa_test {
+namespace {
+
+struct KvCase {
+  std::string name;
+  int64_t B = 2, Sq = 1, H = 4, Hkv = 2, d = 32;
+  std::vector<int32_t> lens{5, 17};  // cache_seqlens
+  int64_t S_new = 0;
+  int64_t page = 0;         // 0: contiguous
+  int64_t capacity = 64;    // tokens per sequence (contiguous: S_max; paged: max_pages · page)
+  bool causal = false;
+  int wl = -1, wr = -1;
+  float softcap = 0;
+  int64_t rotary_dim = 0;
+  bool interleaved = true;
+  bool batch_idx = false;   // contiguous: sequences in permuted cache rows of a larger cache
+  int splits = 0;
+  DType dtype = DType::f32;
+};
+
+// Everything one call holds, on the host (the CPU backend).
+struct KvRun {
+  KvCase c;
+  HostTensor q, kc, vc, kn, vn, out, lse, cos, sin;
+  std::vector<int32_t> lens, table, bidx;
+  int64_t max_pages = 0, num_pages = 0, cache_batch = 0;
+  flashattn::KVCache cache;
+  flashattn::KVCacheOptions o;
+  Tensor tkn, tvn, tcos, tsin;
+
+  explicit KvRun(const KvCase& c_) : c(c_), lens(c_.lens) {
+    std::mt19937_64 rng(test_seed());
+    q = make_tensor(c.dtype, {c.B, c.Sq, c.H, c.d});
+    out = make_tensor(c.dtype, {c.B, c.Sq, c.H, c.d});
+    lse = make_lse({c.B, c.H, c.Sq});
+    if (c.page > 0) {
+      max_pages = (c.capacity + c.page - 1) / c.page;
+      num_pages = c.B * max_pages + 3;  // some pages belong to nobody
+      std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      table.assign(perm.begin(), perm.begin() + c.B * max_pages);
+      kc = make_tensor(c.dtype, {num_pages, c.page, c.Hkv, c.d});
+      vc = make_tensor(c.dtype, {num_pages, c.page, c.Hkv, c.d});
+      cache.block_table = table.data();
+      cache.max_pages = max_pages;
+    } else {
+      cache_batch = c.batch_idx ? c.B + 2 : c.B;
+      kc = make_tensor(c.dtype, {cache_batch, c.capacity, c.Hkv, c.d}, Layout::heads_first);
+      vc = make_tensor(c.dtype, {cache_batch, c.capacity, c.Hkv, c.d});
+      if (c.batch_idx) {
+        bidx.resize(size_t(cache_batch));
+        std::iota(bidx.begin(), bidx.end(), 0);
+        std::shuffle(bidx.begin(), bidx.end(), rng);
+        bidx.resize(size_t(c.B));
+        cache.batch_idx = bidx.data();
+      }
+    }
+    for (HostTensor* t : {&q, &kc, &vc}) fill_uniform(*t, rng, 1.0);
+    cache.k = kc.view();
+    cache.v = vc.view();
+    cache.seqlens = lens.data();
+    o.causal = c.causal;
+    o.window_left = c.wl;
+    o.window_right = c.wr;
+    o.softcap = c.softcap;
+    o.num_splits = c.splits;
+    if (c.S_new > 0) {
+      kn = make_tensor(c.dtype, {c.B, c.S_new, c.Hkv, c.d});
+      vn = make_tensor(c.dtype, {c.B, c.S_new, c.Hkv, c.d}, Layout::row_padded);
+      fill_uniform(kn, rng, 1.0);
+      fill_uniform(vn, rng, 1.0);
+      tkn = kn.view(), tvn = vn.view();
+      o.k_new = &tkn;
+      o.v_new = &tvn;
+    }
+    if (c.rotary_dim > 0) {
+      const int64_t S_rot = c.capacity + c.Sq;
+      cos = make_tensor(DType::f32, {1, S_rot, 1, c.rotary_dim / 2});
+      sin = make_tensor(DType::f32, {1, S_rot, 1, c.rotary_dim / 2});
+      for (int64_t pos = 0; pos < S_rot; ++pos)
+        for (int64_t i = 0; i < c.rotary_dim / 2; ++i) {
+          const double a = double(pos) * std::pow(10000.0, -2.0 * double(i) / double(c.rotary_dim));
+          cos.set(cos.index(0, pos, 0, i), std::cos(a));
+          sin.set(sin.index(0, pos, 0, i), std::sin(a));
+        }
+      tcos = cos.view(), tsin = sin.view();
+      o.rotary_cos = &tcos;
+      o.rotary_sin = &tsin;
+      o.rotary_interleaved = c.interleaved;
+    }
+  }
+
+  // Token t of sequence b in the cache: (batch or page, row).
+  std::pair<int64_t, int64_t> where(int64_t b, int64_t t) const {
+    if (c.page > 0) return {table[size_t(b * max_pages + t / c.page)], t % c.page};
+    return {c.batch_idx ? bidx[size_t(b)] : b, t};
+  }
+  // x rotated at position pos, in double.
+  void rotate(std::vector<double>& x, int64_t off, int64_t pos) const {
+    for (int64_t i = 0; i < c.rotary_dim / 2; ++i) {
+      const double co = cos.get(cos.index(0, pos, 0, i)), si = sin.get(sin.index(0, pos, 0, i));
+      const size_t a = size_t(off + (c.interleaved ? 2 * i : i));
+      const size_t b = size_t(off + (c.interleaved ? 2 * i + 1 : i + c.rotary_dim / 2));
+      const double x0 = x[a], x1 = x[b];
+      x[a] = x0 * co - x1 * si;
+      x[b] = x0 * si + x1 * co;
+    }
+  }
+};
+
+struct Expected {
+  Problem prob;
+  FwdResult exact, plain;
+  std::vector<double> k_new_stored;  // (B, S_new, Hkv, d): what the new key slots must hold
+};
+
+// The oracle's view of the call, from the run's tensors before the call.
+Expected expect(const KvRun& R) {
+  const KvCase& c = R.c;
+  int64_t nk = 1;
+  for (int64_t b = 0; b < c.B; ++b) nk = std::max<int64_t>(nk, R.lens[size_t(b)] + c.S_new);
+  Options o;
+  o.causal = c.causal, o.window_left = c.wl, o.window_right = c.wr, o.softcap = c.softcap;
+  Expected e;
+  e.prob = make_problem(c.B, c.Sq, nk, c.H, c.Hkv, c.d, o, {}, {});
+  std::vector<double> q(size_t(c.B * c.Sq * c.H * c.d)), k(size_t(c.B * nk * c.Hkv * c.d)), v(k.size());
+  e.k_new_stored.assign(size_t(c.B * c.S_new * c.Hkv * c.d), 0);
+  const bool by_token = c.causal || c.wl >= 0 || c.wr >= 0;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t old = R.lens[size_t(b)];
+    e.prob.seqs[size_t(b)].k_len = old + c.S_new;
+    for (int64_t i = 0; i < c.Sq; ++i)
+      for (int64_t h = 0; h < c.H; ++h) {
+        for (int64_t x = 0; x < c.d; ++x) q[size_t(e.prob.qi(b, i, h, x))] = R.q.get(R.q.index(b, i, h, x));
+        if (c.rotary_dim > 0) R.rotate(q, e.prob.qi(b, i, h), old + (by_token ? i : 0));
+      }
+    for (int64_t t = 0; t < old + c.S_new; ++t)
+      for (int64_t h = 0; h < c.Hkv; ++h) {
+        const int64_t base = e.prob.ki(b, t, h);
+        if (t < old) {
+          const auto [cb, row] = R.where(b, t);
+          for (int64_t x = 0; x < c.d; ++x) {
+            k[size_t(base + x)] = R.kc.get(R.kc.index(cb, row, h, x));
+            v[size_t(base + x)] = R.vc.get(R.vc.index(cb, row, h, x));
+          }
+        } else {
+          for (int64_t x = 0; x < c.d; ++x) {
+            k[size_t(base + x)] = R.kn.get(R.kn.index(b, t - old, h, x));
+            v[size_t(base + x)] = R.vn.get(R.vn.index(b, t - old, h, x));
+          }
+          if (c.rotary_dim > 0) R.rotate(k, base, t);
+          for (int64_t x = 0; x < c.d; ++x) {
+            k[size_t(base + x)] = round_to_dtype(k[size_t(base + x)], c.dtype);  // as stored
+            e.k_new_stored[size_t(((b * c.S_new + t - old) * c.Hkv + h) * c.d + x)] = k[size_t(base + x)];
+          }
+        }
+      }
+  }
+  e.exact = plain_forward(e.prob, q, k, v, c.dtype, true);
+  e.plain = plain_forward(e.prob, q, k, v, c.dtype, false);
+  return e;
+}
+
+double ulp(double x, DType t) {
+  const double u = t == DType::f32 ? 0x1p-23 : t == DType::f16 ? 0x1p-10 : 0x1p-7;
+  return u * std::max(std::fabs(x), 0x1p-14);
+}
+
+void run_case(const KvCase& c) {
+  FA_SEED_TRACE();
+  KvRun R(c);
+  const Expected e = expect(R);
+  // The library's fp64 reference (what other tests may lean on) agrees with this oracle.
+  {
+    const Tensor tq = R.q.view(), tout = R.out.view();
+    const flashattn::detail::KVParams p = flashattn::detail::check_kvcache(tq, R.cache, tout, nullptr, R.o);
+    std::vector<double> out(size_t(c.B * c.Sq * c.H * c.d)), lse(size_t(c.B * c.H * c.Sq));
+    flashattn::cpu::reference_kvcache(p, out.data(), lse.data());
+    EXPECT_TRUE(close_rel("reference out", out, e.exact.out, 1e-9));
+  }
+  const std::vector<uint64_t> kc0 = snapshot(R.kc), vc0 = snapshot(R.vc);
+  poison(R.out);
+  poison(R.lse);
+  const std::vector<uint64_t> out0 = snapshot(R.out), lse0 = snapshot(R.lse);
+  const Tensor tq = R.q.view(), tout = R.out.view(), tlse = R.lse.view();
+  flashattn::forward_kvcache(tq, R.cache, tout, &tlse, R.o);
+  EXPECT_STREQ(flashattn::last_kernel_path(), "cpu.kvcache");
+  EXPECT_TRUE(written_exactly("out", R.out, out0));
+  EXPECT_TRUE(written_exactly("lse", R.lse, lse0));
+  EXPECT_TRUE(within_rule("kvcache out", R.out.dense(), e.exact.out, e.plain.out, c.dtype, e.plain.score_max));
+  EXPECT_TRUE(lse_within(R.lse.dense(), e.exact.lse, e.plain.lse_tol, 0.0));
+
+  // The cache: the new slots hold the new tokens (keys as the oracle stored them, to the fp32
+  // rotation's rounding and an ulp of the dtype), every other element exactly as before.
+  std::vector<char> is_new_k(kc0.size() * 8 / dtype_size(c.dtype), 0), is_new_v(is_new_k.size(), 0);
+  int bad_k = 0, bad_v = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t j = 0; j < c.S_new; ++j)
+      for (int64_t h = 0; h < c.Hkv; ++h) {
+        const auto [cb, row] = R.where(b, R.lens[size_t(b)] + j);
+        for (int64_t x = 0; x < c.d; ++x) {
+          const int64_t ik = R.kc.index(cb, row, h, x), iv = R.vc.index(cb, row, h, x);
+          is_new_k[size_t(ik)] = 1;
+          is_new_v[size_t(iv)] = 1;
+          const double want = e.k_new_stored[size_t(((b * c.S_new + j) * c.Hkv + h) * c.d + x)];
+          // fp32 rotation of inputs within [-1, 1]: two products and a sum, each rounded (<= 2^-22)
+          const double rot_err = c.rotary_dim > 0 ? 0x1p-22 : 0.0;
+          if (std::fabs(R.kc.get(ik) - want) > ulp(want, c.dtype) + rot_err) ++bad_k;
+          if (R.vc.get(iv) != R.vn.get(R.vn.index(b, j, h, x))) ++bad_v;
+        }
+      }
+  EXPECT_EQ(bad_k, 0) << "new key slots that do not hold the rotated new keys";
+  EXPECT_EQ(bad_v, 0) << "new value slots that do not hold the new values";
+  const std::vector<uint64_t> kc1 = snapshot(R.kc), vc1 = snapshot(R.vc);
+  const size_t es = dtype_size(c.dtype);
+  int changed = 0;
+  for (size_t i = 0; i < is_new_k.size(); ++i) {
+    auto byte_eq = [&](const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+      return std::memcmp(reinterpret_cast<const char*>(a.data()) + i * es, reinterpret_cast<const char*>(b.data()) + i * es, es) == 0;
+    };
+    if (!is_new_k[i] && !byte_eq(kc0, kc1)) ++changed;
+    if (!is_new_v[i] && !byte_eq(vc0, vc1)) ++changed;
+  }
+  EXPECT_EQ(changed, 0) << "cache elements outside the new slots changed";
+}
+
+std::vector<KvCase> cases() {
+  std::vector<KvCase> v;
+  auto add = [&](KvCase c) { v.push_back(c); };
+  KvCase base;
+  base.name = "decode_contiguous";
+  add(base);
+  for (DType t : {DType::f16, DType::bf16}) {
+    KvCase c = base;
+    c.dtype = t;
+    c.name = std::string("decode_") + dtype_name(t);
+    add(c);
+  }
+  { KvCase c = base; c.name = "empty_caches"; c.lens = {0, 0}; add(c); }
+  { KvCase c = base; c.name = "one_token"; c.lens = {1, 0}; c.S_new = 0; add(c); }
+  { KvCase c = base; c.name = "full_capacity"; c.lens = {64, 63}; add(c); }
+  { KvCase c = base; c.name = "append_to_full"; c.lens = {60, 0}; c.S_new = 4; add(c); }
+  { KvCase c = base; c.name = "append_empty_cache"; c.lens = {0, 9}; c.S_new = 3; c.Sq = 3; c.causal = true; add(c); }
+  { KvCase c = base; c.name = "mqa"; c.H = 8; c.Hkv = 1; add(c); }
+  { KvCase c = base; c.name = "gqa8"; c.H = 8; c.Hkv = 1; c.Sq = 2; c.causal = true; add(c); }
+  { KvCase c = base; c.name = "mha"; c.H = 2; c.Hkv = 2; add(c); }
+  { KvCase c = base; c.name = "speculative_causal"; c.Sq = 5; c.S_new = 5; c.lens = {30, 3}; c.causal = true; add(c); }
+  { KvCase c = base; c.name = "sq_more_than_keys"; c.Sq = 7; c.lens = {2, 0}; c.S_new = 1; c.causal = true; add(c); }
+  { KvCase c = base; c.name = "window"; c.Sq = 4; c.S_new = 2; c.lens = {40, 20}; c.wl = 9; c.wr = 0; add(c); }
+  { KvCase c = base; c.name = "window_right"; c.Sq = 3; c.lens = {40, 20}; c.wl = 4; c.wr = 2; add(c); }
+  { KvCase c = base; c.name = "softcap"; c.softcap = 5.f; c.lens = {33, 12}; add(c); }
+  { KvCase c = base; c.name = "batch_idx"; c.batch_idx = true; c.S_new = 2; add(c); }
+  { KvCase c = base; c.name = "head_dim_17_odd"; c.d = 17; c.lens = {13, 3}; add(c); }
+  for (int64_t page : {1, 7, 16, 256}) {
+    KvCase c = base;
+    c.page = page;
+    c.capacity = page == 256 ? 512 : 70;
+    c.lens = page == 256 ? std::vector<int32_t>{255, 300} : std::vector<int32_t>{14, 49};
+    c.S_new = 3;
+    c.Sq = 2;
+    c.causal = true;
+    c.name = "paged_" + std::to_string(page);
+    add(c);
+  }
+  { KvCase c = base; c.name = "paged_page_boundaries"; c.page = 16; c.capacity = 64; c.lens = {16, 31}; c.S_new = 1; add(c); }
+  { KvCase c = base; c.name = "paged_bf16_gqa4"; c.dtype = DType::bf16; c.page = 16; c.capacity = 160; c.H = 8; c.Hkv = 2;
+    c.lens = {100, 37}; c.S_new = 1; add(c); }
+  for (bool inter : {true, false}) {
+    KvCase c = base;
+    c.rotary_dim = 16;
+    c.interleaved = inter;
+    c.S_new = 2;
+    c.name = std::string("rotary_") + (inter ? "interleaved" : "halves");
+    add(c);
+    c.causal = true;
+    c.Sq = 3;
+    c.S_new = 3;
+    c.name += "_causal";
+    add(c);
+    c.page = 7;
+    c.capacity = 70;
+    c.dtype = DType::bf16;
+    c.rotary_dim = 32;
+    c.name += "_paged_bf16_full";
+    add(c);
+  }
+  // A window without causal rotates q per token too (flash-attn's rule).
+  { KvCase c = base; c.name = "rotary_window"; c.rotary_dim = 16; c.Sq = 3; c.S_new = 2; c.lens = {30, 12}; c.wl = 6; c.wr = 1; add(c); }
+  for (int s : {1, 2, 7}) {
+    KvCase c = base;
+    c.lens = {700, 333};
+    c.capacity = 800;
+    c.splits = s;
+    c.S_new = 1;
+    c.name = "splits_" + std::to_string(s);
+    add(c);
+  }
+  return v;
+}
+
+class KvCache : public ::testing::TestWithParam<KvCase> {};
+TEST_P(KvCache, MatchesOracleAndWritesOnlyTheNewSlots) { run_case(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Cpu, KvCache, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// Split counts agree with each other to the rule's bound (the merge is exact up to rounding).
+TEST(KvCacheSplits, AgreeAcrossSplitCounts) {
+  FA_SEED_TRACE();
+  KvCase c;
+  c.lens = {1000, 517};
+  c.capacity = 1024;
+  c.H = 8;
+  c.Hkv = 2;
+  c.dtype = DType::bf16;
+  std::vector<std::vector<double>> outs;
+  KvRun R(c);
+  const Expected e = expect(R);
+  for (int s : {1, 2, 7, 0}) {
+    R.o.num_splits = s;
+    const Tensor tq = R.q.view(), tout = R.out.view();
+    poison(R.out);
+    flashattn::forward_kvcache(tq, R.cache, tout, nullptr, R.o);
+    outs.push_back(R.out.dense());
+  }
+  const double bound = rule_bound(e.exact.out, e.plain.out, c.dtype, e.plain.score_max);
+  for (size_t i = 1; i < outs.size(); ++i) {
+    double worst = 0;
+    for (size_t j = 0; j < outs[0].size(); ++j) worst = std::max(worst, std::fabs(outs[i][j] - outs[0][j]));
+    EXPECT_LE(worst, bound) << "split setting " << i << " against one split";
+  }
+}
+
+// Bad input: an Error naming the argument, and neither out, lse nor the cache written.
+struct BadCase {
+  std::string name, arg;
+  std::function<void(KvRun&)> mutate;
+};
+
+TEST(KvCacheChecks, BadInputNamesTheArgumentAndWritesNothing) {
+  FA_SEED_TRACE();
+  KvCase c;
+  c.S_new = 2;
+  c.page = 8;
+  c.capacity = 64;
+  std::vector<HostTensor> keep;
+  const std::vector<BadCase> bad = {
+      {"negative_length", "cache_seqlens", [](KvRun& r) { r.lens[1] = -1; }},
+      {"past_capacity", "cache_seqlens", [](KvRun& r) { r.lens[0] = 63; }},
+      {"page_out_of_range", "block_table", [](KvRun& r) { r.table[0] = int32_t(r.num_pages); }},
+      {"negative_page", "block_table", [](KvRun& r) { r.table[size_t(r.max_pages)] = -1; }},
+      {"short_table", "block_table", [](KvRun& r) { r.cache.max_pages = 0; }},
+      {"shared_append_page", "block_table", [](KvRun& r) { r.table[size_t(r.max_pages)] = r.table[0]; r.lens[1] = 0; r.lens[0] = 0; }},
+      {"heads_mismatch", "k_cache", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(r.c.dtype, {r.num_pages, r.c.page, 3, r.c.d}));
+         r.cache.k = keep.back().view(); }},
+      {"dim_mismatch", "k_cache", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(r.c.dtype, {r.num_pages, r.c.page, r.c.Hkv, r.c.d + 1}));
+         r.cache.k = keep.back().view(); }},
+      {"v_shape", "v_cache", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(r.c.dtype, {r.num_pages, r.c.page + 1, r.c.Hkv, r.c.d}));
+         r.cache.v = keep.back().view(); }},
+      {"cache_dtype", "k_cache", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(DType::f16, {r.num_pages, r.c.page, r.c.Hkv, r.c.d}));
+         r.cache.k = keep.back().view(); }},
+      {"new_dtype", "k_new", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(DType::bf16, {r.c.B, r.c.S_new, r.c.Hkv, r.c.d}));
+         r.tkn = keep.back().view(); }},
+      {"new_shape", "k_new", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(r.c.dtype, {r.c.B, r.c.S_new, r.c.Hkv + 1, r.c.d}));
+         r.tkn = keep.back().view(); }},
+      {"v_new_missing", "v_new", [](KvRun& r) { r.o.v_new = nullptr; }},
+      {"no_seqlens", "cache_seqlens", [](KvRun& r) { r.cache.seqlens = nullptr; }},
+      {"batch_idx_paged", "cache_batch_idx", [](KvRun& r) { static const int32_t idx[2] = {0, 1}; r.cache.batch_idx = idx; }},
+      {"splits", "num_splits", [](KvRun& r) { r.o.num_splits = -1; }},
+      {"window", "window_right", [](KvRun& r) { r.o.causal = true; r.o.window_right = 2; }},
+      {"rotary_short", "rotary_cos", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(DType::f32, {1, 4, 1, 4}));
+         keep.push_back(make_tensor(DType::f32, {1, 4, 1, 4}));
+         r.tcos = keep[keep.size() - 2].view(); r.tsin = keep.back().view();
+         r.o.rotary_cos = &r.tcos; r.o.rotary_sin = &r.tsin; }},
+      {"rotary_too_wide", "rotary_cos", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(DType::f32, {1, 128, 1, r.c.d}));
+         keep.push_back(make_tensor(DType::f32, {1, 128, 1, r.c.d}));
+         r.tcos = keep[keep.size() - 2].view(); r.tsin = keep.back().view();
+         r.o.rotary_cos = &r.tcos; r.o.rotary_sin = &r.tsin; }},
+      {"sin_missing", "rotary_sin", [&keep](KvRun& r) {
+         keep.push_back(make_tensor(DType::f32, {1, 128, 1, 4}));
+         r.tcos = keep.back().view(); r.o.rotary_cos = &r.tcos; r.o.rotary_sin = nullptr; }},
+      {"out_overlaps_cache", "out", [](KvRun& r) {
+         r.out.storage = r.kc.storage; r.out.offset = 0; r.out.strides = {r.c.Sq * r.c.H * r.c.d, r.c.H * r.c.d, r.c.d, 1}; }},
+  };
+  for (const BadCase& bc : bad) {
+    SCOPED_TRACE(bc.name);
+    KvRun R(c);
+    fill_sentinel(R.out, 0x5a);
+    fill_sentinel(R.lse, 0x5a);
+    bc.mutate(R);
+    const std::vector<uint64_t> s_out = snapshot(R.out), s_lse = snapshot(R.lse), s_k = snapshot(R.kc), s_v = snapshot(R.vc);
+    const Tensor tq = R.q.view(), tout = R.out.view(), tlse = R.lse.view();
+    try {
+      flashattn::forward_kvcache(tq, R.cache, tout, &tlse, R.o);
+      ADD_FAILURE() << bc.name << ": no Error";
+    } catch (const flashattn::Error& err) {
+      const std::string m = err.what();
+      EXPECT_EQ(m.rfind("flashattn::forward_kvcache: " + bc.arg + ":", 0), 0u) << m;
+    }
+    EXPECT_EQ(snapshot(R.out), s_out) << "out written";
+    EXPECT_EQ(snapshot(R.lse), s_lse) << "lse written";
+    EXPECT_EQ(snapshot(R.kc), s_k) << "k_cache written";
+    EXPECT_EQ(snapshot(R.vc), s_v) << "v_cache written";
+  }
+}
+
+}  // namespace
+}  // namespace fa_test

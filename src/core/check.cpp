@@ -44,16 +44,7 @@ void check_cu_seqlens(const Checker& c, const char* name, const std::vector<int3
 // Shared by forward and backward: q, k, v, out, lse, options -> Params.
 Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const Tensor* lse, const Options& o) {
-  c.tensor("q", q);
-  c.tensor("k", k);
-  c.tensor("v", v);
-  c.tensor("out", out);
-  c.same_kind("k", k, "q", q);
-  c.same_kind("v", v, "q", q);
-  c.same_kind("out", out, "q", q);
-#if !defined(FLASHATTN_WITH_CUDA)
-  if (q.device == Device::cuda) c.fail_type("q", "device cpu (this build has no CUDA backend)", "cuda");
-#endif
+  c.inputs(q, "k", k, "v", v, out);
   if (o.algorithm != Algorithm::flash && o.algorithm != Algorithm::standard)
     c.fail("algorithm", "flash or standard", "an invalid Algorithm value");
 
@@ -70,14 +61,7 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
   c.shape("v", v, {B, Nk, Hkv, d}, "(batch, seqlen_k, heads_kv, head_dim) as k");
   c.shape("out", out, {B, Nq, H, d}, "(batch, seqlen_q, heads, head_dim) as q");
 
-  if (!std::isfinite(o.scale)) c.fail("scale", "a finite value (0 = 1/sqrt(head_dim))", std::to_string(o.scale));
-  if (!std::isfinite(o.softcap) || o.softcap < 0)
-    c.fail("softcap", "a finite value >= 0 (0 = off)", std::to_string(o.softcap));
-  if (o.window_left < -1) c.fail("window_left", "-1 (unbounded) or >= 0", std::to_string(o.window_left));
-  if (o.window_right < -1) c.fail("window_right", "-1 (unbounded) or >= 0", std::to_string(o.window_right));
-  if (o.causal && o.window_right > 0)
-    c.fail("window_right", "-1 or 0 with causal (causal sees no key right of the diagonal)",
-           std::to_string(o.window_right));
+  c.scores(o.scale, o.softcap, o.window_left, o.window_right, o.causal);
 
   Params p;
   p.dtype = q.dtype;

@@ -35,16 +35,7 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
   const Checker c("forward_kvcache");
   const Tensor& kc = cache.k;
   const Tensor& vc = cache.v;
-  c.tensor("q", q);
-  c.tensor("k_cache", kc);
-  c.tensor("v_cache", vc);
-  c.tensor("out", out);
-  c.same_kind("k_cache", kc, "q", q);
-  c.same_kind("v_cache", vc, "q", q);
-  c.same_kind("out", out, "q", q);
-#if !defined(FLASHATTN_WITH_CUDA)
-  if (q.device == Device::cuda) c.fail_type("q", "device cpu (this build has no CUDA backend)", "cuda");
-#endif
+  c.inputs(q, "k_cache", kc, "v_cache", vc, out);
 
   const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], d = q.shape[3];
   const int64_t Hkv = kc.shape[2];
@@ -64,14 +55,7 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
   c.shape("out", out, q.shape, "(batch, seqlen_q, heads, head_dim) as q");
   if (cache.seqlens == nullptr) c.fail("cache_seqlens", "a (batch) int32 array", "nullptr");
 
-  if (!std::isfinite(o.scale)) c.fail("scale", "a finite value (0 = 1/sqrt(head_dim))", std::to_string(o.scale));
-  if (!std::isfinite(o.softcap) || o.softcap < 0)
-    c.fail("softcap", "a finite value >= 0 (0 = off)", std::to_string(o.softcap));
-  if (o.window_left < -1) c.fail("window_left", "-1 (unbounded) or >= 0", std::to_string(o.window_left));
-  if (o.window_right < -1) c.fail("window_right", "-1 (unbounded) or >= 0", std::to_string(o.window_right));
-  if (o.causal && o.window_right > 0)
-    c.fail("window_right", "-1 or 0 with causal (causal sees no key right of the diagonal)",
-           std::to_string(o.window_right));
+  c.scores(o.scale, o.softcap, o.window_left, o.window_right, o.causal);
   if (o.num_splits < 0) c.fail("num_splits", "0 (chosen by the library) or >= 1", std::to_string(o.num_splits));
 
   KVParams p;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstdint>
 #include <sstream>
@@ -117,6 +118,31 @@ class Checker {
              " for shape " + shape_str(t.shape));
       reach += (dims[size_t(i)].second - 1) * dims[size_t(i)].first;
     }
+  }
+
+  // The options that shape the scores, as forward, backward and forward_kvcache take them.
+  void scores(float scale, float softcap, int window_left, int window_right, bool causal) const {
+    if (!std::isfinite(scale)) fail("scale", "a finite value (0 = 1/sqrt(head_dim))", std::to_string(scale));
+    if (!std::isfinite(softcap) || softcap < 0) fail("softcap", "a finite value >= 0 (0 = off)", std::to_string(softcap));
+    if (window_left < -1) fail("window_left", "-1 (unbounded) or >= 0", std::to_string(window_left));
+    if (window_right < -1) fail("window_right", "-1 (unbounded) or >= 0", std::to_string(window_right));
+    if (causal && window_right > 0)
+      fail("window_right", "-1 or 0 with causal (causal sees no key right of the diagonal)", std::to_string(window_right));
+  }
+
+  // q, k, v (or the cache) and out: valid, and of q's dtype and device.
+  void inputs(const Tensor& q, const char* k_name, const Tensor& k, const char* v_name, const Tensor& v,
+              const Tensor& out) const {
+    tensor("q", q);
+    tensor(k_name, k);
+    tensor(v_name, v);
+    tensor("out", out);
+    same_kind(k_name, k, "q", q);
+    same_kind(v_name, v, "q", q);
+    same_kind("out", out, "q", q);
+#if !defined(FLASHATTN_WITH_CUDA)
+    if (q.device == Device::cuda) fail_type("q", "device cpu (this build has no CUDA backend)", "cuda");
+#endif
   }
 
   void no_overlap(const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) const {

@@ -50,6 +50,9 @@
 #include <vector>
 
 #include "cuda/sm90/fwd/pipe.hpp"
+#include "kernels/tile_patterns.hpp"
+
+using fa_test::tile_patterns;
 
 namespace {
 namespace sm90 = flashattn::cuda::sm90;
@@ -204,22 +207,6 @@ std::string pattern(const std::vector<std::vector<int>>& skips) {
   return s + "]";
 }
 
-// Every sequence of 1 … max_tiles tiles, each with a key-block (step) count from `counts`.
-std::vector<std::vector<int>> tile_patterns(int max_tiles, const std::vector<int>& counts) {
-  std::vector<std::vector<int>> out;
-  std::function<void(std::vector<int>&)> rec = [&](std::vector<int>& cur) {
-    if (!cur.empty()) out.push_back(cur);
-    if (int(cur.size()) == max_tiles) return;
-    for (int c : counts) {
-      cur.push_back(c);
-      rec(cur);
-      cur.pop_back();
-    }
-  };
-  std::vector<int> cur;
-  rec(cur);
-  return out;
-}
 
 // ---- the forward: sQ (Q in, O out where staged there) and the K/V ring -------------------------
 struct FwdVariant {

@@ -38,6 +38,9 @@
 #include <vector>
 
 #include "cuda/sm90/fwd/pipe.hpp"
+#include "kernels/tile_patterns.hpp"
+
+using fa_test::tile_patterns;
 
 namespace {
 namespace sm90 = flashattn::cuda::sm90;
@@ -190,21 +193,6 @@ std::string check_forward(const std::vector<int>& tiles, const std::vector<std::
   return check(seqs);
 }
 
-std::vector<std::vector<int>> tile_patterns(int max_tiles, const std::vector<int>& counts) {
-  std::vector<std::vector<int>> out;
-  std::function<void(std::vector<int>&)> rec = [&](std::vector<int>& cur) {
-    if (!cur.empty()) out.push_back(cur);
-    if (int(cur.size()) == max_tiles) return;
-    for (int c : counts) {
-      cur.push_back(c);
-      rec(cur);
-      cur.pop_back();
-    }
-  };
-  std::vector<int> cur;
-  rec(cur);
-  return out;
-}
 
 std::string pattern(const std::vector<int>& t) {
   std::string s = "(";

@@ -1,0 +1,27 @@
+// Shared by the protocol tests (test_mbarrier_protocols.cpp, test_sync_protocols.cpp): the CTA
+// tile sequences they run the kernels' hand-offs over.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+namespace fa_test {
+
+// Every sequence of 1 … max_tiles tiles, each with a key-block (step) count from `counts`.
+inline std::vector<std::vector<int>> tile_patterns(int max_tiles, const std::vector<int>& counts) {
+  std::vector<std::vector<int>> out;
+  std::function<void(std::vector<int>&)> rec = [&](std::vector<int>& cur) {
+    if (!cur.empty()) out.push_back(cur);
+    if (int(cur.size()) == max_tiles) return;
+    for (int c : counts) {
+      cur.push_back(c);
+      rec(cur);
+      cur.pop_back();
+    }
+  };
+  std::vector<int> cur;
+  rec(cur);
+  return out;
+}
+
+}  // namespace fa_test

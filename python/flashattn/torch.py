@@ -19,7 +19,7 @@ from torch.utils.dlpack import to_dlpack as _dl
 
 from . import _flashattn as _C
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "sdpa", "attention"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "sdpa", "attention"]
 
 _ALGORITHMS = ("flash", "standard")
 
@@ -270,6 +270,53 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     out, lse = attention(q, k, v, causal=causal, scale=softmax_scale, window=window_size,
                          softcap=softcap, deterministic=deterministic, return_lse=True)
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                            v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None, cache_seqlens=None,
+                            cache_batch_idx: Optional[Tensor] = None,
+                            cache_leftpad: Optional[Tensor] = None, block_table: Optional[Tensor] = None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False):
+    """FlashAttention's ``flash_attn_with_kvcache``: decoding and appending over a KV cache.
+
+    q (B, Sq, H, D); k_cache, v_cache (B_cache, S_max, Hkv, D), or paged (num_pages, page_size,
+    Hkv, D) with block_table (B, max_pages) int32 (any page_size >= 1). cache_seqlens: (B) int32 or
+    an int, the tokens already in each cache. k, v (B, S_new, Hkv, D), if given, are written into
+    the cache in place at cache_seqlens[b] … (rotated first with rotary_cos/rotary_sin,
+    (seqlen_rotary, rotary_dim / 2), interleaved or not); then q (rotated at cache_seqlens[b] + i
+    with causal or a window, else at cache_seqlens[b]) attends to the first cache_seqlens[b] + S_new
+    tokens, causal and window aligned bottom-right to that total. cache_seqlens is not advanced.
+    Returns out (B, Sq, H, D), and softmax_lse (B, H, Sq) float32 with return_softmax_lse.
+    cache_leftpad and alibi_slopes are not supported and raise NotImplementedError.
+    """
+    if cache_leftpad is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad is not supported")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: alibi_slopes is not supported")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens: expected a (batch) int32 tensor or an int, got None")
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    scale = _check_scale(softmax_scale)
+    wl, wr = (int(w) for w in window_size)
+    q = _last_dim_contiguous(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) \
+        if return_softmax_lse else None
+    stream = int(torch.cuda.current_stream(q.device).cuda_stream) if q.device.type == "cuda" else 0
+    opt = lambda t: None if t is None else _dl(_last_dim_contiguous(t))
+    with _device_ctx(q):
+        _C.forward_kvcache(_dl(q), _dl(k_cache), _dl(v_cache), _dl(out), None if lse is None else _dl(lse),
+                           cache_seqlens=_dl(cache_seqlens), k=opt(k), v=opt(v), rotary_cos=opt(rotary_cos),
+                           rotary_sin=opt(rotary_sin), cache_batch_idx=opt(cache_batch_idx),
+                           block_table=opt(block_table), scale=scale, causal=bool(causal), window_left=wl,
+                           window_right=wr, softcap=float(softcap), rotary_interleaved=bool(rotary_interleaved),
+                           num_splits=int(num_splits), stream=stream)
+    return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,

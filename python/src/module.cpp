@@ -19,6 +19,7 @@
 #include <string>
 
 #include "flashattn/flashattn.hpp"
+#include "flashattn/kvcache.hpp"
 
 namespace nb = nanobind;
 namespace fa = flashattn;
@@ -180,6 +181,44 @@ const int32_t* to_cu_seqlens(const char* name, const std::optional<InArray>& a, 
                                                  : ", device memory for the CUDA backend") +
                   "), got one on " + device_name(a->device_type(), a->device_id()));
   return static_cast<const int32_t*>(a->data());
+}
+
+// An int32 array of `ndim` dimensions with a contiguous last dimension, on q's device (host memory
+// for the CPU backend): cache_seqlens and cache_batch_idx (batch), block_table (batch, max_pages).
+const int32_t* to_int32(const char* name, const InArray& a, size_t ndim, const Where& ref, const char* layout) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (!(dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Int)))
+    throw TypeErr(std::string(name) + ": expected dtype int32, got " + dtype_name(dt));
+  if (a.ndim() != ndim)
+    throw ValueErr(std::string(name) + ": expected " + std::to_string(ndim) + " dimension" + (ndim > 1 ? "s " : " ") +
+                   layout + ", got shape " + shape_string(a));
+  if (a.shape(ndim - 1) > 1 && a.stride(ndim - 1) != 1)
+    throw ValueErr(std::string(name) + ": expected a contiguous last dimension, got stride " +
+                   std::to_string(a.stride(ndim - 1)));
+  const Where w = to_device(name, a);
+  if (w.device != ref.device || w.id != ref.id)
+    throw TypeErr(std::string(name) + ": expected an array on the same device as q, got one on " +
+                  device_name(a.device_type(), a.device_id()));
+  return static_cast<const int32_t*>(a.data());
+}
+
+// A rotary table (seqlen_rotary, rotary_dim / 2) as the (1, seqlen_rotary, 1, rotary_dim / 2) Tensor
+// the library takes.
+fa::Tensor to_rotary(const char* name, const InArray& a, const Where& ref) {
+  if (a.ndim() != 2)
+    throw ValueErr(std::string(name) + ": expected 2 dimensions (seqlen_rotary, rotary_dim / 2), got shape " +
+                   shape_string(a));
+  fa::Tensor t;
+  t.dtype = to_dtype(name, a, false);
+  const Where w = to_device(name, a);
+  if (w.device != ref.device || w.id != ref.id)
+    throw TypeErr(std::string(name) + ": expected an array on the same device as q, got one on " +
+                  device_name(a.device_type(), a.device_id()));
+  t.device = w.device;
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.shape = {1, int64_t(a.shape(0)), 1, int64_t(a.shape(1))};
+  t.strides = {0, a.stride(0), 0, a.shape(1) > 1 ? a.stride(1) : 1};
+  return t;
 }
 
 fa::Algorithm to_algorithm(const std::string& s) {
@@ -351,6 +390,79 @@ NB_MODULE(_flashattn, m) {
       nb::arg("max_seqlen_k") = 0, nb::arg("algorithm") = "flash",
       nb::arg("deterministic") = false, nb::arg("stream") = 0, nb::arg("uint16_is_bf16") = false,
       "Writes dq, dk, dv in place.");
+  m.def(
+      "forward_kvcache",
+      [](const InArray& q, const OutArray& k_cache, const OutArray& v_cache, const OutArray& out,
+         const std::optional<OutArray>& lse, const InArray& cache_seqlens, const std::optional<InArray>& k,
+         const std::optional<InArray>& v, const std::optional<InArray>& rotary_cos,
+         const std::optional<InArray>& rotary_sin, const std::optional<InArray>& cache_batch_idx,
+         const std::optional<InArray>& block_table, double scale, bool causal, int window_left,
+         int window_right, double softcap, bool rotary_interleaved, int num_splits, uintptr_t stream,
+         bool uint16_is_bf16) {
+        const fa::Tensor tq = to_tensor("q", q, uint16_is_bf16, nullptr, nullptr);
+        const Where w{tq.device, q.device_id()};
+        fa::KVCache c;
+        c.k = to_tensor("k_cache", k_cache, uint16_is_bf16, &w, "q");
+        c.v = to_tensor("v_cache", v_cache, uint16_is_bf16, &w, "q");
+        c.seqlens = to_int32("cache_seqlens", cache_seqlens, 1, w, "(batch)");
+        if (cache_batch_idx) c.batch_idx = to_int32("cache_batch_idx", *cache_batch_idx, 1, w, "(batch)");
+        if (block_table) {
+          c.block_table = to_int32("block_table", *block_table, 2, w, "(batch, max_pages)");
+          c.max_pages = int64_t(block_table->shape(1));
+          c.block_table_stride = block_table->shape(0) > 1 ? block_table->stride(0) : c.max_pages;
+          if (int64_t(block_table->shape(0)) != tq.shape[0])
+            throw ValueErr("block_table: expected " + std::to_string(tq.shape[0]) + " rows (q's batch), got shape " +
+                           shape_string(*block_table));
+        }
+        if (int64_t(cache_seqlens.shape(0)) != tq.shape[0])
+          throw ValueErr("cache_seqlens: expected " + std::to_string(tq.shape[0]) + " entries (q's batch), got shape " +
+                         shape_string(cache_seqlens));
+        if (cache_batch_idx && int64_t(cache_batch_idx->shape(0)) != tq.shape[0])
+          throw ValueErr("cache_batch_idx: expected " + std::to_string(tq.shape[0]) + " entries (q's batch), got shape " +
+                         shape_string(*cache_batch_idx));
+        fa::KVCacheOptions o;
+        o.scale = float(scale);
+        o.causal = causal;
+        o.window_left = window_left;
+        o.window_right = window_right;
+        o.softcap = float(softcap);
+        o.rotary_interleaved = rotary_interleaved;
+        o.num_splits = num_splits;
+        o.stream = reinterpret_cast<void*>(stream);
+        fa::Tensor tk, tv, tcos, tsin, tlse;
+        if (k.has_value() != v.has_value()) throw ValueErr(k ? "v: expected it with k" : "k: expected it with v");
+        if (k) {
+          tk = to_tensor("k", *k, uint16_is_bf16, &w, "q");
+          tv = to_tensor("v", *v, uint16_is_bf16, &w, "q");
+          o.k_new = &tk;
+          o.v_new = &tv;
+        }
+        if (rotary_cos.has_value() != rotary_sin.has_value())
+          throw ValueErr(rotary_cos ? "rotary_sin: expected it with rotary_cos" : "rotary_cos: expected it with rotary_sin");
+        if (rotary_cos) {
+          tcos = to_rotary("rotary_cos", *rotary_cos, w);
+          tsin = to_rotary("rotary_sin", *rotary_sin, w);
+          o.rotary_cos = &tcos;
+          o.rotary_sin = &tsin;
+        }
+        const fa::Tensor tout = to_tensor("out", out, uint16_is_bf16, &w, "q");
+        if (lse) tlse = to_lse("softmax_lse", *lse, w);
+        nb::gil_scoped_release release;
+        fa::forward_kvcache(tq, c, tout, lse ? &tlse : nullptr, o);
+      },
+      nb::arg("q").noconvert(), nb::arg("k_cache").noconvert(), nb::arg("v_cache").noconvert(),
+      nb::arg("out").noconvert(), nb::arg("lse").noconvert().none(), nb::kw_only(),
+      nb::arg("cache_seqlens").noconvert(), nb::arg("k").noconvert().none() = nb::none(),
+      nb::arg("v").noconvert().none() = nb::none(), nb::arg("rotary_cos").noconvert().none() = nb::none(),
+      nb::arg("rotary_sin").noconvert().none() = nb::none(),
+      nb::arg("cache_batch_idx").noconvert().none() = nb::none(),
+      nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("scale") = 0.0, nb::arg("causal") = false,
+      nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
+      nb::arg("rotary_interleaved") = true, nb::arg("num_splits") = 0, nb::arg("stream") = 0,
+      nb::arg("uint16_is_bf16") = false,
+      "Appends k/v to the cache in place (rotated with the tables), then writes out (and lse) in place: "
+      "attention of q over each sequence's first cache_seqlens[b] + S_new cached tokens.");
+
   m.def("cuda_available", &fa::cuda_available,
         "True when this build holds the CUDA backend and a CUDA device is present.");
   m.def("build_info", &fa::build_info, "What this build holds (backends, architectures).");

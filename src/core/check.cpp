@@ -12,19 +12,6 @@
 
 namespace flashattn::detail {
 namespace {
-// Copies cu_seqlens (varlen_batch + 1 entries) to the host for validation.
-std::vector<int32_t> read_cu_seqlens(const int32_t* cu, int64_t entries, Device device) {
-  std::vector<int32_t> host(static_cast<size_t>(entries));
-  if (device == Device::cpu) {
-    std::copy(cu, cu + entries, host.begin());
-  } else {
-#if defined(FLASHATTN_WITH_CUDA)
-    cuda::copy_to_host(host.data(), cu, size_t(entries) * sizeof(int32_t));
-#endif
-  }
-  return host;
-}
-
 void check_cu_seqlens(const Checker& c, const char* name, const std::vector<int32_t>& cu, int64_t total,
                       const char* tensor, int64_t* max_len) {
   if (cu[0] != 0) c.fail(name, "first entry 0", std::to_string(cu[0]));
@@ -94,8 +81,8 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
   if (o.cu_seqlens_q != nullptr) {
     if (o.varlen_batch < 1) c.fail("varlen_batch", "the number of sequences (>= 1) with cu_seqlens", std::to_string(o.varlen_batch));
     if (B != 1) c.fail("q", "batch 1 (packed tokens) with cu_seqlens", std::to_string(B));
-    const auto cq = read_cu_seqlens(o.cu_seqlens_q, o.varlen_batch + 1, p.device);
-    const auto ck = read_cu_seqlens(o.cu_seqlens_k, o.varlen_batch + 1, p.device);
+    const auto cq = read_ints(o.cu_seqlens_q, o.varlen_batch + 1, p.device);
+    const auto ck = read_ints(o.cu_seqlens_k, o.varlen_batch + 1, p.device);
     int64_t max_q = 0, max_k = 0;
     check_cu_seqlens(c, "cu_seqlens_q", cq, Nq, "q", &max_q);
     check_cu_seqlens(c, "cu_seqlens_k", ck, Nk, "k", &max_k);

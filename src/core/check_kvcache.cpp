@@ -12,20 +12,6 @@
 namespace flashattn::detail {
 namespace {
 
-// Copies n int32 entries to the host (the CUDA backend's pointers are device memory).
-std::vector<int32_t> read_ints(const int32_t* p, int64_t n, Device device) {
-  std::vector<int32_t> host(static_cast<size_t>(n));
-  if (n == 0) return host;
-  if (device == Device::cpu) {
-    std::copy(p, p + n, host.begin());
-  } else {
-#if defined(FLASHATTN_WITH_CUDA)
-    cuda::copy_to_host(host.data(), p, size_t(n) * sizeof(int32_t));
-#endif
-  }
-  return host;
-}
-
 TensorRef ref(const Tensor& t) { return TensorRef{t.data, t.strides[0], t.strides[1], t.strides[2]}; }
 
 }  // namespace

@@ -10,9 +10,26 @@
 #include <string>
 #include <utility>
 
+#include <vector>
+
+#include "core/backend.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::detail {
+
+// Copies n int32 entries to the host for validation (the CUDA backend's pointers are device memory).
+inline std::vector<int32_t> read_ints(const int32_t* p, int64_t n, Device device) {
+  std::vector<int32_t> host(static_cast<size_t>(n));
+  if (n == 0) return host;
+  if (device == Device::cpu) {
+    std::copy(p, p + n, host.begin());
+  } else {
+#if defined(FLASHATTN_WITH_CUDA)
+    cuda::copy_to_host(host.data(), p, size_t(n) * sizeof(int32_t));
+#endif
+  }
+  return host;
+}
 
 inline std::string shape_str(const std::array<int64_t, 4>& s) {
   std::ostringstream os;

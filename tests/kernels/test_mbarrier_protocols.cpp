@@ -52,6 +52,7 @@
 #include "cuda/sm90/fwd/pipe.hpp"
 #include "kernels/tile_patterns.hpp"
 
+using fa_test::skip_vectors;
 using fa_test::tile_patterns;
 
 namespace {
@@ -415,16 +416,7 @@ void forward_skips(int consumers, bool sep) {
     for (int b : t) total += b;
     if (consumers == 3 && total > 3) continue;
     // every warpgroup's skip vector: per tile 0 … t[k]
-    std::vector<std::vector<int>> per_wg = {{}};
-    for (int b : t) {
-      std::vector<std::vector<int>> next;
-      for (const auto& s : per_wg)
-        for (int k = 0; k <= b; ++k) {
-          next.push_back(s);
-          next.back().push_back(k);
-        }
-      per_wg = next;
-    }
+    const std::vector<std::vector<int>> per_wg = skip_vectors(t);
     std::vector<size_t> pick(size_t(consumers), 0);
     for (;;) {
       std::vector<std::vector<int>> skips;

@@ -40,6 +40,7 @@
 #include "cuda/sm90/fwd/pipe.hpp"
 #include "kernels/tile_patterns.hpp"
 
+using fa_test::skip_vectors;
 using fa_test::tile_patterns;
 
 namespace {
@@ -229,16 +230,7 @@ template <int kWGs>
 void forward_skips() {
   int n = 0;
   for (const auto& t : tile_patterns(2, {0, 1, 2})) {
-    std::vector<std::vector<int>> per_wg = {{}};
-    for (int b : t) {
-      std::vector<std::vector<int>> next;
-      for (const auto& s : per_wg)
-        for (int k = 0; k <= b; ++k) {
-          next.push_back(s);
-          next.back().push_back(k);
-        }
-      per_wg = next;
-    }
+    const std::vector<std::vector<int>> per_wg = skip_vectors(t);
     std::vector<size_t> pick(static_cast<size_t>(kWGs), 0);
     for (;;) {
       std::vector<std::vector<int>> skips;

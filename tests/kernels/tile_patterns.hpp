@@ -24,4 +24,19 @@ inline std::vector<std::vector<int>> tile_patterns(int max_tiles, const std::vec
   return out;
 }
 
+// Every per-tile choice vector with entry k in 0 … tiles[k] (a warpgroup's skipped key blocks).
+inline std::vector<std::vector<int>> skip_vectors(const std::vector<int>& tiles) {
+  std::vector<std::vector<int>> all = {{}};
+  for (int b : tiles) {
+    std::vector<std::vector<int>> next;
+    for (const auto& s : all)
+      for (int k = 0; k <= b; ++k) {
+        next.push_back(s);
+        next.back().push_back(k);
+      }
+    all = next;
+  }
+  return all;
+}
+
 }  // namespace fa_test

@@ -120,6 +120,31 @@ uint64_t bits(double x) {
   std::memcpy(&b, &x, sizeof b);
   return b;
 }
+// A random trace: 1 … 40 scores (about one in seven -inf), values of 1 … 5 columns, tiles of
+// 1 … 9, as the --scores/--values text trace parses; *scores and *values get the parsed numbers.
+TraceArgs random_trace(std::mt19937& rng, std::vector<double>* scores, std::vector<double>* values, int* dim) {
+  std::normal_distribution<double> dist(0.0, 4.0);
+  const int n = 1 + int(rng() % 40);
+  *dim = 1 + int(rng() % 5);
+  TraceArgs a;
+  a.json = true;
+  a.tile = 1 + int(rng() % 9);
+  a.scores.clear();
+  a.values.clear();
+  for (int j = 0; j < n; ++j) {
+    const std::string sc = (rng() % 7 == 0) ? "-inf" : strprintf("%.17g", dist(rng));
+    scores->push_back(std::stod(sc));
+    a.scores += (j ? "," : "") + sc;
+    for (int c = 0; c < *dim; ++c) {
+      const std::string v = strprintf("%.17g", dist(rng));
+      values->push_back(std::stod(v));
+      a.values += (c ? "," : "") + v;
+    }
+    if (j + 1 < n) a.values += ";";
+  }
+  return a;
+}
+
 }  // namespace
 
 TEST(Trace, DesignExampleNumbers) {
@@ -146,27 +171,10 @@ TEST(Trace, AgreesWithDirectSoftmaxOnRandomInput) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  std::normal_distribution<double> dist(0.0, 4.0);
   for (int round = 0; round < 20; ++round) {
-    const int n = 1 + int(rng() % 40), dim = 1 + int(rng() % 5);
-    TraceArgs a;
-    a.json = true;
-    a.tile = 1 + int(rng() % 9);
-    a.scores.clear();
-    a.values.clear();
-    for (int j = 0; j < n; ++j) {
-      std::ostringstream s;
-      s.precision(17);
-      s << ((rng() % 7 == 0) ? -INFINITY : dist(rng));
-      a.scores += (j ? "," : "") + s.str();
-      for (int c = 0; c < dim; ++c) {
-        std::ostringstream v;
-        v.precision(17);
-        v << dist(rng);
-        a.values += (c ? "," : "") + v.str();
-      }
-      if (j + 1 < n) a.values += ";";
-    }
+    std::vector<double> scores, values;
+    int dim = 0;
+    const TraceArgs a = random_trace(rng, &scores, &values, &dim);
     std::ostringstream os;
     run_trace(a, os);
     const auto diff = json_numbers(os.str(), "max_abs_diff");
@@ -544,26 +552,11 @@ TEST(Trace, JsonNumbersReadBackBitIdentical) {
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  std::normal_distribution<double> dist(0.0, 4.0);
   for (int round = 0; round < 50; ++round) {
-    const int n = 1 + int(rng() % 40), dim = 1 + int(rng() % 5);
-    TraceArgs a;
-    a.json = true;
-    a.tile = 1 + int(rng() % 9);
-    a.scores.clear();
-    a.values.clear();
     std::vector<double> scores, flat;
-    for (int j = 0; j < n; ++j) {
-      const std::string s = (rng() % 7 == 0) ? "-inf" : strprintf("%.17g", dist(rng));
-      scores.push_back(std::stod(s));  // as trace parses it
-      a.scores += (j ? "," : "") + s;
-      for (int c = 0; c < dim; ++c) {
-        const std::string v = strprintf("%.17g", dist(rng));
-        flat.push_back(std::stod(v));
-        a.values += (c ? "," : "") + v;
-      }
-      if (j + 1 < n) a.values += ";";
-    }
+    int dim = 0;
+    const TraceArgs a = random_trace(rng, &scores, &flat, &dim);
+    const int n = int(scores.size());
     std::ostringstream os;
     run_trace(a, os);
     const std::string text = os.str();

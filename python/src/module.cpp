@@ -157,32 +157,6 @@ fa::Tensor to_lse(const char* name, const A& a, const Where& ref) {
   return t;
 }
 
-// int32 prefix sums, one dimension, contiguous, in the memory the backend reads (host for the
-// CPU backend, device memory for CUDA: same device as q).
-const int32_t* to_cu_seqlens(const char* name, const std::optional<InArray>& a, const Where& ref) {
-  if (!a) return nullptr;
-  const nb::dlpack::dtype dt = a->dtype();
-  if (!(dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Int)))
-    throw TypeErr(std::string(name) + ": expected dtype int32, got " + dtype_name(dt));
-  if (a->ndim() != 1)
-    throw ValueErr(std::string(name) + ": expected 1 dimension (batch + 1 prefix sums), got shape " +
-                   shape_string(*a));
-  if (a->shape(0) < 2)
-    throw ValueErr(std::string(name) + ": expected at least 2 entries (batch + 1), got " +
-                   std::to_string(a->shape(0)));
-  if (a->shape(0) > 1 && a->stride(0) != 1)
-    throw ValueErr(std::string(name) + ": expected a contiguous array, got stride " +
-                   std::to_string(a->stride(0)));
-  const Where w = to_device(name, *a);
-  if (w.device != ref.device || w.id != ref.id)
-    throw TypeErr(std::string(name) + ": expected an array on the same device as q (" +
-                  device_name(ref.device == fa::Device::cpu ? 1 : 2, ref.id) +
-                  (ref.device == fa::Device::cpu ? ", host memory for the CPU backend"
-                                                 : ", device memory for the CUDA backend") +
-                  "), got one on " + device_name(a->device_type(), a->device_id()));
-  return static_cast<const int32_t*>(a->data());
-}
-
 // An int32 array of `ndim` dimensions with a contiguous last dimension, on q's device (host memory
 // for the CPU backend): cache_seqlens and cache_batch_idx (batch), block_table (batch, max_pages).
 const int32_t* to_int32(const char* name, const InArray& a, size_t ndim, const Where& ref, const char* layout) {
@@ -197,9 +171,22 @@ const int32_t* to_int32(const char* name, const InArray& a, size_t ndim, const W
                    std::to_string(a.stride(ndim - 1)));
   const Where w = to_device(name, a);
   if (w.device != ref.device || w.id != ref.id)
-    throw TypeErr(std::string(name) + ": expected an array on the same device as q, got one on " +
-                  device_name(a.device_type(), a.device_id()));
+    throw TypeErr(std::string(name) + ": expected an array on the same device as q (" +
+                  device_name(ref.device == fa::Device::cpu ? 1 : 2, ref.id) +
+                  (ref.device == fa::Device::cpu ? ", host memory for the CPU backend"
+                                                 : ", device memory for the CUDA backend") +
+                  "), got one on " + device_name(a.device_type(), a.device_id()));
   return static_cast<const int32_t*>(a.data());
+}
+
+// int32 prefix sums (batch + 1 entries), in the memory the backend reads.
+const int32_t* to_cu_seqlens(const char* name, const std::optional<InArray>& a, const Where& ref) {
+  if (!a) return nullptr;
+  const int32_t* p = to_int32(name, *a, 1, ref, "(batch + 1 prefix sums)");
+  if (a->shape(0) < 2)
+    throw ValueErr(std::string(name) + ": expected at least 2 entries (batch + 1), got " +
+                   std::to_string(a->shape(0)));
+  return p;
 }
 
 // A rotary table (seqlen_rotary, rotary_dim / 2) as the (1, seqlen_rotary, 1, rotary_dim / 2) Tensor

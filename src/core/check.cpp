@@ -76,8 +76,7 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
   p.max_seqlen_k = Nk;
 
   // Variable length.
-  if ((o.cu_seqlens_q == nullptr) != (o.cu_seqlens_k == nullptr))
-    c.fail(o.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q", "set together with the other cu_seqlens", "nullptr");
+  c.together("cu_seqlens_q", o.cu_seqlens_q, "cu_seqlens_k", o.cu_seqlens_k, "the other cu_seqlens");
   if (o.cu_seqlens_q != nullptr) {
     if (o.varlen_batch < 1) c.fail("varlen_batch", "the number of sequences (>= 1) with cu_seqlens", std::to_string(o.varlen_batch));
     if (B != 1) c.fail("q", "batch 1 (packed tokens) with cu_seqlens", std::to_string(B));

@@ -69,8 +69,7 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
   p.stream = o.stream;
 
   // New tokens.
-  if ((o.k_new == nullptr) != (o.v_new == nullptr))
-    c.fail(o.k_new ? "v_new" : "k_new", "set together with the other (new keys and values)", "nullptr");
+  c.together("k_new", o.k_new, "v_new", o.v_new, "the other (new keys and values)");
   if (o.k_new != nullptr) {
     const Tensor& kn = *o.k_new;
     const Tensor& vn = *o.v_new;
@@ -87,8 +86,7 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
   }
 
   // Rotary tables.
-  if ((o.rotary_cos == nullptr) != (o.rotary_sin == nullptr))
-    c.fail(o.rotary_cos ? "rotary_sin" : "rotary_cos", "set together with the other rotary table", "nullptr");
+  c.together("rotary_cos", o.rotary_cos, "rotary_sin", o.rotary_sin, "the other rotary table");
   if (o.rotary_cos != nullptr) {
     const Tensor& rc = *o.rotary_cos;
     const Tensor& rs = *o.rotary_sin;

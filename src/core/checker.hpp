@@ -147,6 +147,11 @@ class Checker {
       fail("window_right", "-1 or 0 with causal (causal sees no key right of the diagonal)", std::to_string(window_right));
   }
 
+  // Two optional arguments that come as a pair: both set or neither.
+  void together(const char* a_name, const void* a, const char* b_name, const void* b, const char* what) const {
+    if ((a == nullptr) != (b == nullptr)) fail(a ? b_name : a_name, std::string("set together with ") + what, "nullptr");
+  }
+
   // q, k, v (or the cache) and out: valid, and of q's dtype and device.
   void inputs(const Tensor& q, const char* k_name, const Tensor& k, const char* v_name, const Tensor& v,
               const Tensor& out) const {

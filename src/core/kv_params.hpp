@@ -63,14 +63,7 @@ struct KVParams {
   // The rotary position of query i of sequence b (flash-attn's rule).
   int64_t query_position(int64_t b, int64_t i) const { return int64_t(seqlens[b]) + (causal || windowed() ? i : 0); }
   // Visible keys [lo, hi) of query i among the sequence's `total` tokens (bottom-right aligned).
-  KeyRange visible(int64_t i, int64_t total) const {
-    const int64_t diag = i + total - seqlen_q;
-    int64_t lo = window_left < 0 ? 0 : diag - window_left;
-    int64_t hi = window_right < 0 ? total : diag + window_right + 1;
-    if (lo < 0) lo = 0;
-    if (hi > total) hi = total;
-    return {lo, hi};
-  }
+  KeyRange visible(int64_t i, int64_t total) const { return window_keys(window_left, window_right, i, seqlen_q, total); }
 };
 
 KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out, const Tensor* lse,

@@ -108,13 +108,16 @@ inline SeqSpan seq_span(const Params& p, int64_t b) {
 struct KeyRange {
   int64_t lo, hi;
 };
-inline KeyRange visible_keys(const Params& p, int64_t i, int64_t q_len, int64_t k_len) {
+inline KeyRange window_keys(int window_left, int window_right, int64_t i, int64_t q_len, int64_t k_len) {
   const int64_t diag = i + k_len - q_len;
-  int64_t lo = p.window_left < 0 ? 0 : diag - p.window_left;
-  int64_t hi = p.window_right < 0 ? k_len : diag + p.window_right + 1;
+  int64_t lo = window_left < 0 ? 0 : diag - window_left;
+  int64_t hi = window_right < 0 ? k_len : diag + window_right + 1;
   if (lo < 0) lo = 0;
   if (hi > k_len) hi = k_len;
   return {lo, hi};
+}
+inline KeyRange visible_keys(const Params& p, int64_t i, int64_t q_len, int64_t k_len) {
+  return window_keys(p.window_left, p.window_right, i, q_len, k_len);
 }
 
 }  // namespace flashattn::detail

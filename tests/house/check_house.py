@@ -2,8 +2,8 @@
 """The repository's house rules, checked on every CTest run (no build needed but for --library):
 
   history     code, docs, scripts and tests describe what holds, not how it came to be: no numbered
-              work periods or runs ("session 12", "run 4"), no plans ("Next (…)"), no names of
-              branches a clone does not have (exp-…), no citations of the retired diary
+              work periods or runs (either word followed by a number), no plans ("Next (…)"), no
+              names of branches a clone does not have (exp-…), no citations of the retired diary
               (perf-log.md). docs/archive/ is the one place where such history is kept.
   references  every repository path a doc, comment or script names (docs/…, src/…, tests/…,
               scripts/…, bench/…, tools/…, python/…, include/…, examples/…) exists, and every

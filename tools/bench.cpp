@@ -41,9 +41,11 @@ int run_bench(const BenchArgs& a) {
             c.seqlen_q = n;
             c.seqlen_k = a.seqlen_k > 0 ? a.seqlen_k : n;
             c.causal = causal;
+            c.window_left = a.window_left;
             Problem pb(c, a.backward, seed + uint64_t(n * 7 + d));
             Options opt;
             opt.causal = causal;
+            opt.window_left = a.window_left;
             opt.algorithm = alg;
             double fwd_ms = NAN;
             const double fwd_extra = peak_scratch_during(device, [&] {
@@ -65,11 +67,11 @@ int run_bench(const BenchArgs& a) {
             const double bwd_rate = backward_flops(c) / (bwd_ms * 1e-3) / unit;
             if (a.json) {
               std::printf("%s  {\"device\":\"%s\",\"algorithm\":\"%s\",\"dtype\":\"%s\",\"batch\":%lld,\"heads\":%lld,"
-                          "\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,\"head_dim\":%lld,\"causal\":%s,"
+                          "\"heads_kv\":%lld,\"seqlen_q\":%lld,\"seqlen_k\":%lld,\"head_dim\":%lld,\"causal\":%s,\"window_left\":%d,"
                           "\"fwd_ms\":%s,\"fwd_flops_per_s\":%s,\"fwd_extra_bytes\":%s",
                           first ? "" : ",\n", to_string(device), to_string(alg), to_string(c.dtype), (long long)c.batch,
                           (long long)c.heads, (long long)c.heads_kv, (long long)c.seqlen_q, (long long)c.seqlen_k,
-                          (long long)d, causal ? "true" : "false", json_number(fwd_ms).c_str(),
+                          (long long)d, causal ? "true" : "false", a.window_left, json_number(fwd_ms).c_str(),
                           json_number(fwd_rate * unit).c_str(), json_number(fwd_extra).c_str());
               if (a.backward)
                 std::printf(",\"bwd_ms\":%s,\"bwd_flops_per_s\":%s,\"bwd_extra_bytes\":%s", json_number(bwd_ms).c_str(),

@@ -28,6 +28,7 @@ struct BenchArgs {
   std::vector<int64_t> head_dims = {64, 128};
   int64_t batch = 1, heads = 8, heads_kv = 0;
   std::string causal = "both";        // no | yes | both
+  int window_left = -1;               // >= 0: Options::window_left
   std::string algorithm = "flash";    // flash | standard | both
   bool backward = false;
   int check_rows = 4;                 // sampled rows checked against the fp64 reference (0 = off)
@@ -83,6 +84,27 @@ struct TimelineArgs {
 int run_timeline(const TimelineArgs& a, std::ostream& os);
 // The CUDA half of run_timeline (tools/timeline_cuda.cpp, built with the CUDA backend only).
 int run_timeline_cuda(const Config& c, bool backward, std::ostream& os);
+
+struct DecodeArgs {
+  std::string device = "auto";
+  std::string dtype = "auto";       // f32 on cpu, bf16 on cuda
+  std::vector<int64_t> batches;     // empty: the device's default sweep
+  std::vector<std::string> caches;  // cache lengths in tokens, e.g. 4096 or 4K (K = 1024); empty: the default sweep
+  int64_t heads = 32, heads_kv = 8, head_dim = 128;
+  int64_t page_size = 0;            // --paged: page size of a paged cache; 0 = contiguous
+  int splits = 0;                   // 0 = the library's choice
+  bool append = false;              // each call also appends one new token (cache_seqlens = len - 1)
+  int reps = 10;
+  int check_rows = 4;               // sampled (sequence, head) rows checked against float64 (0 = off)
+  bool json = false;
+  bool progress = true;             // a line per shape on stderr while a sweep of several shapes runs
+};
+int run_decode(const DecodeArgs& a, std::ostream& os);
+// The CUDA pieces of run_decode (tools/decode_cuda.cu, built with the CUDA backend only): bytes per
+// second of a read-only kernel streaming `bytes` of device memory (best of `reps` after a warm-up),
+// and `count` N(0, 1) values in dtype written to device memory by a counter-based generator keyed by seed.
+double cuda_read_bandwidth(size_t bytes, int reps);
+void cuda_fill_normal(void* data, DType dtype, size_t count, uint64_t seed);
 
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);

@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <system_error>
 
@@ -30,6 +31,7 @@ std::string Config::label() const {
   if (heads_kv != heads) os << "/" << heads_kv;
   os << " N=" << seqlen_q;
   if (seqlen_k != seqlen_q) os << "x" << seqlen_k;
+  if (window_left >= 0) os << " window " << window_left;
   return os.str();
 }
 
@@ -56,7 +58,15 @@ DType parse_dtype(const std::string& s, Device device) {
 double forward_flops(const Config& c) {
   const double full = 4.0 * double(c.batch) * double(c.heads) * double(c.seqlen_q) * double(c.seqlen_k) *
                       double(c.head_dim);
-  return c.causal ? full / 2 : full;
+  if (c.window_left < 0) return c.causal ? full / 2 : full;
+  double pairs = 0;  // bottom-right alignment: row i's diagonal key is i + Nk - Nq
+  for (int64_t i = 0; i < c.seqlen_q; ++i) {
+    const int64_t diag = i + c.seqlen_k - c.seqlen_q;
+    const int64_t lo = std::max<int64_t>(0, diag - c.window_left);
+    const int64_t hi = c.causal ? std::min<int64_t>(c.seqlen_k - 1, diag) : c.seqlen_k - 1;
+    if (hi >= lo) pairs += double(hi - lo + 1);
+  }
+  return 4.0 * double(c.batch) * double(c.heads) * pairs * double(c.head_dim);
 }
 
 #if defined(FLASHATTN_TOOLS_CUDA)
@@ -122,6 +132,18 @@ void device_synchronize(Device device) {
 void fill_random(void* host, DType dtype, size_t count, std::mt19937_64& rng, float stddev) {
   std::normal_distribution<float> dist(0.0f, stddev);
   for (size_t i = 0; i < count; ++i) detail::store_from_float(host, int64_t(i), dtype, dist(rng));
+}
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown CPU";
 }
 
 uint64_t fresh_seed() {

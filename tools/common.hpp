@@ -18,11 +18,12 @@ struct Config {
   DType dtype = DType::f32;
   int64_t batch = 1, heads = 8, heads_kv = 8, seqlen_q = 1024, seqlen_k = 1024, head_dim = 64;
   bool causal = false;
+  int window_left = -1;  // >= 0: a sliding window of that many keys left of each query's diagonal
   std::string label() const;  // e.g. "f32 d64 causal B=1 H=8 N=4096"
 };
 
-// FLOPs by the field's convention: forward 4·B·H·Nq·Nk·d, halved for causal (Nq == Nk);
-// backward 2.5× forward.
+// FLOPs by the field's convention: forward 4·B·H·Nq·Nk·d, halved for causal (Nq == Nk); with a
+// window, 4·B·H·d times the visible (query, key) pairs, counted; backward 2.5× forward.
 double forward_flops(const Config& c);
 inline double backward_flops(const Config& c) { return 2.5 * forward_flops(c); }
 
@@ -97,6 +98,8 @@ std::string csv_field(const std::string& s);
 // cudaProfilerStart / cudaProfilerStop. Throw Error in a build without CUDA.
 void external_profiler_start();
 void external_profiler_stop();
+// The CPU's model name as /proc/cpuinfo gives it ("model name"; "unknown CPU" where it has none).
+std::string cpu_model_name();
 uint64_t fresh_seed();
 void device_synchronize(Device device);
 

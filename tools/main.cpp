@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   c_bench->add_option("--heads", bench.heads)->capture_default_str()->check(CLI::PositiveNumber);
   c_bench->add_option("--heads-kv", bench.heads_kv, "KV heads (GQA); default = heads");
   c_bench->add_option("--causal", bench.causal, "no, yes or both")->capture_default_str();
+  c_bench->add_option("--window-left", bench.window_left,
+                      "a sliding window: each query sees this many keys left of its diagonal (-1 = unbounded)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 30));
   c_bench->add_option("--algorithm", bench.algorithm, "flash, standard or both")->capture_default_str();
   c_bench->add_flag("--backward", bench.backward, "also time the backward pass");
   c_bench->add_option("--check-rows", bench.check_rows, "rows checked against the float64 reference (0 = off)")->capture_default_str();
@@ -92,6 +96,31 @@ int main(int argc, char** argv) {
   c_timeline->add_flag("--causal", timeline.causal);
   c_timeline->add_flag("--backward", timeline.backward, "the backward pass's stages");
 
+  DecodeArgs decode;
+  auto* c_decode = app.add_subcommand("decode", "serving: one query token per sequence over a KV cache (forward_kvcache) "
+                                                "for a sweep of batch x cache length; KV bytes read per second as a "
+                                                "fraction of this machine's measured read bandwidth");
+  c_decode->add_option("--device", decode.device, "cpu, cuda or auto")->capture_default_str();
+  c_decode->add_option("--dtype", decode.dtype, "f32, f16, bf16 or auto (f32 on cpu, bf16 on cuda)")->capture_default_str();
+  c_decode->add_option("--batch", decode.batches, "sequences per call (default: the device's sweep)");
+  c_decode->add_option("--cache", decode.caches,
+                       "cache lengths in tokens, K = 1024 (e.g. 4K 32K 128K; default: the device's sweep)");
+  c_decode->add_option("--heads", decode.heads)->capture_default_str();
+  c_decode->add_option("--heads-kv", decode.heads_kv, "KV heads (GQA)")->capture_default_str();
+  c_decode->add_option("-d,--head-dim", decode.head_dim)->capture_default_str();
+  c_decode->add_option("--paged", decode.page_size,
+                       "page size: a paged cache, each sequence's pages in random order (0 = contiguous)")
+      ->capture_default_str();
+  c_decode->add_option("--splits", decode.splits, "key splits per sequence (0 = the library's choice)")->capture_default_str();
+  c_decode->add_flag("--append", decode.append, "each call also appends one new token (cache_seqlens = cache - 1)");
+  c_decode->add_option("--reps", decode.reps, "timed calls (median)")->capture_default_str();
+  c_decode->add_option("--check-rows", decode.check_rows, "sampled rows checked against float64 (0 = off)")
+      ->capture_default_str();
+  c_decode->add_flag("--json", decode.json,
+                     std::string("one JSON array on stdout, an object per shape (a shape that does not fit carries "
+                                 "\"skipped\", a call the build cannot run \"error\"); ") +
+                         kJsonNumbers);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (c_demo->parsed()) return run_demo(demo);
@@ -99,6 +128,7 @@ int main(int argc, char** argv) {
     if (c_trace->parsed()) return run_trace(trace, std::cout);
     if (c_traffic->parsed()) return run_traffic(traffic, std::cout);
     if (c_timeline->parsed()) return run_timeline(timeline, std::cout);
+    if (c_decode->parsed()) return run_decode(decode, std::cout);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -4,6 +4,8 @@
   flashattn traffic --json > traffic.json
   flashattn bench --json --algorithm both ... > bench.json
   python3 tools/plot.py --traffic traffic.json --bench bench.json --out docs/img
+  flashattn decode --json > decode.json; flashattn decode --paged 16 --json > decode-paged.json
+  python3 tools/plot.py --decode decode.json decode-paged.json --out /tmp/plots
 
 traffic.json -> bytes_moved.png  (bytes moved vs N, standard vs flash, forward and backward, log scale)
 bench.json   -> throughput.png   (FLOP/s vs N per head_dim and causal, one line per algorithm
@@ -12,6 +14,10 @@ bench.json   -> throughput.png   (FLOP/s vs N per head_dim and causal, one line 
                                   forward and backward, log scale; from "fwd_extra_bytes")
 compare.json -> throughput.png   (the same from bench/compare_torch.py --json: ours, PyTorch's
                                   FlashAttention-2 and cuDNN backends, measured in one run)
+decode.json  -> decode_bandwidth.png  (flashattn decode --json, one file or several, e.g. a contiguous
+                                  and a --paged run: KV bytes read per second as a fraction of the
+                                  machine's measured read bandwidth vs cache length, one line per
+                                  batch and layout; rows skipped or not run are left out)
 """
 import argparse
 import json
@@ -95,12 +101,46 @@ def plot_bench(rows, out):
     print("wrote", out)
 
 
+def plot_decode(rows, out):
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("read_bw_fraction") is not None]
+    if not rows:
+        print("no measured rows in the decode JSON (every shape skipped or not run): no", out)
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    lines = sorted({(r["dtype"], r["batch"], r["page_size"]) for r in rows})
+    colors = {key: f"C{i}" for i, key in enumerate(sorted({(l[0], l[1]) for l in lines}))}  # one per dtype and batch
+    for dtype, batch, page in lines:
+        pts = sorted((r["cache_len"], r["read_bw_fraction"]) for r in rows
+                     if (r["dtype"], r["batch"], r["page_size"]) == (dtype, batch, page))
+        layout = f"paged {page}" if page else "contiguous"
+        dtypes = "" if len({l[0] for l in lines}) == 1 else f"{dtype} "
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "--" if page else "-", marker="x" if page else "o",
+                color=colors[(dtype, batch)], label=f"{dtypes}B={batch} {layout}")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("cache length (tokens)")
+    ax.set_ylabel("KV bytes read per second, % of read bandwidth")
+    r0 = rows[0]
+    threads = f", {r0['threads']} threads" if "threads" in r0 else ""
+    ax.set_title(f"Decoding, one query token: {r0['machine']}{threads}\n"
+                 f"{'/'.join(sorted({r['dtype'] for r in rows}))} H={r0['heads']}/{r0['heads_kv']} d={r0['head_dim']}, "
+                 f"read bandwidth {r0['read_bw_bytes_per_s'] / 1e9:.0f} GB/s (measured)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print("wrote", out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traffic")
     ap.add_argument("--bench")
     ap.add_argument("--compare", help="JSON of bench/compare_torch.py")
     ap.add_argument("--compare-name", default="throughput.png")
+    ap.add_argument("--decode", nargs="+", help="JSON of flashattn decode --json (one or several files)")
     ap.add_argument("--out", default="docs/img")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -119,6 +159,8 @@ def main():
                 rows.append({"head_dim": r["d"], "causal": r["causal"], "seqlen_q": r["n"], "backend": name,
                              "fwd_flops_per_s": rate(f"{backend}_fwd_tf"), "bwd_flops_per_s": rate(f"{backend}_bwd_tf")})
         plot_bench(rows, os.path.join(a.out, a.compare_name))
+    if a.decode:
+        plot_decode([r for path in a.decode for r in json.load(open(path))], os.path.join(a.out, "decode_bandwidth.png"))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ FLASHATTN_API Tensor make_tensor(void* data, DType dtype, std::array<int64_t, 4>
 struct Options {
   float scale = 0;  // 0 -> 1/sqrt(head_dim)
   bool causal = false;  // bottom-right aligned: query i sees keys j <= i + Nk - Nq
+                        // (Nk = seqused_k[b] when given)
   int window_left = -1, window_right = -1;  // sliding window, same alignment; -1 = unbounded
   float softcap = 0;  // > 0: s -> softcap * tanh(s / softcap) before masking
   // Variable length: int32 prefix sums with batch+1 entries (host memory for the CPU backend,
@@ -56,6 +57,13 @@ struct Options {
   const int32_t* cu_seqlens_k = nullptr;
   int varlen_batch = 0;  // number of sequences: cu_seqlens_q/k hold varlen_batch + 1 entries
   int max_seqlen_q = 0, max_seqlen_k = 0;  // 0 -> computed from cu_seqlens
+  // Keys used per sequence: int32, one entry per sequence (batch, or varlen_batch with
+  // cu_seqlens), in the same memory as cu_seqlens (host for the CPU backend, device for CUDA).
+  // Sequence b attends to the first seqused_k[b] rows of its keys only (0 <= seqused_k[b] <= its
+  // key rows: Nk, or its cu_seqlens_k span); the rows past them are padding, never read, and their
+  // dK, dV are written as zeros. Causal and window align bottom-right to seqused_k[b] keys.
+  // null = every key row is used. The CPU backend only: CUDA raises Error (unsupported).
+  const int32_t* seqused_k = nullptr;
   Algorithm algorithm = Algorithm::flash;
   bool deterministic = false;  // bitwise-reproducible backward
   void* stream = nullptr;      // cudaStream_t for Device::cuda
@@ -69,6 +77,20 @@ FLASHATTN_API void forward(const Tensor& q, const Tensor& k, const Tensor& v, co
 FLASHATTN_API void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
               const Tensor& dv, const Options& options = {});
+
+// Merges a partial attention result into an accumulator (ring attention, keys split across calls
+// or devices). Both partials cover the same queries over disjoint sets of keys; each is a
+// normalized output with its LSE, as forward returns them. On entry out_acc (B, S, H, d) and
+// lse_acc (B, H, S, 1), both f32, hold one partial; part (B, S, H, d; f32, f16 or bf16) and
+// lse_part (B, H, S, 1; f32) the other. On return out_acc and lse_acc hold the union's:
+//   lse_acc = log(exp(lse_acc) + exp(lse_part)),
+//   out_acc = exp(lse_acc_in − lse_acc) · out_acc + exp(lse_part − lse_acc) · part.
+// A row with LSE −inf (it saw no key) adds nothing and its output is not read, so an accumulator
+// may start as LSE −inf over any values; a row empty on both sides becomes out 0, LSE −inf. The
+// sum is SoftmaxState::merge's, in fp32. All four on one device; `stream` is the
+// cudaStream_t for Device::cuda. part and lse_part are only read.
+FLASHATTN_API void merge_partial(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part,
+                                 const Tensor& lse_part, void* stream = nullptr);
 
 // Every rejected argument raises Error; its message names the argument, what was expected and
 // what was given. Nothing is written when an Error is raised by argument checking.

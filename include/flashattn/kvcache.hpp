@@ -54,6 +54,15 @@ struct KVCacheOptions {
   // (SoftmaxState::merge); 0 = the library chooses from the shape and the machine. Results agree
   // across split counts to rounding.
   int num_splits = 0;
+  // Device::cuda: where cache_seqlens, block_table and cache_batch_idx (device memory) are checked.
+  // false: read by the host (a synchronizing device-to-host copy), an out-of-range value throws
+  // Error naming the argument. true: checked by a kernel on the call's stream, no synchronization;
+  // an out-of-range value makes the call write nothing (neither out, lse nor the cache) and raises
+  // no Error. While the stream is being captured into a CUDA graph the check is on the device
+  // whatever this says. On the device only the ranges are checked (lengths within the capacity,
+  // pages and cache rows in range, rotary rows present), not that appending sequences write
+  // distinct pages or cache rows. Ignored on the CPU.
+  bool check_on_device = false;
   void* stream = nullptr;  // cudaStream_t for Device::cuda
 };
 
@@ -62,5 +71,9 @@ struct KVCacheOptions {
 // pointer (cache_seqlens, block_table, cache_batch_idx included) on the tensors' device.
 FLASHATTN_API void forward_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out, const Tensor* lse,
                                    const KVCacheOptions& options = {});
+
+// The split count this thread's last forward_kvcache that returned normally used (its own choice
+// when num_splits was 0); 0 before the first.
+FLASHATTN_API int last_kvcache_splits();
 
 }  // namespace flashattn

@@ -18,7 +18,8 @@ void flash_forward(const detail::Params& p);
 void flash_backward(const detail::Params& p);
 void standard_forward(const detail::Params& p);
 void standard_backward(const detail::Params& p);
-void kvcache_forward(const detail::KVParams& p);  // append, then split-KV attention
+int kvcache_forward(const detail::KVParams& p);  // append, then split-KV attention; returns the split count
+void merge_partial(const detail::MergeParams& p);
 std::string info();  // tile-kernel table, OpenBLAS build and core, OpenMP threads
 }  // namespace flashattn::cpu
 
@@ -30,4 +31,12 @@ void backward(const detail::Params& p);
 std::string info();
 // Device-to-host copy of a few bytes (used to validate cu_seqlens held in device memory); throws Error.
 void copy_to_host(void* host, const void* device_ptr, size_t bytes);
+// Whether `stream` (a cudaStream_t, null = the legacy default stream) is being captured into a CUDA
+// graph: the host cannot read device memory then, so length checks move to the device.
+bool stream_capturing(void* stream);
+// Append, then split-KV attention (src/cuda/kvcache); checks the device pointers and the layouts
+// its kernels need (Error) before anything runs. Returns the split count.
+int forward_kvcache(const detail::KVParams& p);
+// merge_partial on the call's stream (src/cuda/merge.cu); checks the device pointers first.
+void merge_partial(const detail::MergeParams& p);
 }  // namespace flashattn::cuda

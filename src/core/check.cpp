@@ -77,11 +77,12 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
 
   // Variable length.
   c.together("cu_seqlens_q", o.cu_seqlens_q, "cu_seqlens_k", o.cu_seqlens_k, "the other cu_seqlens");
+  std::vector<int32_t> ck;  // with varlen: the key sequences' prefix sums (for seqused_k below)
   if (o.cu_seqlens_q != nullptr) {
     if (o.varlen_batch < 1) c.fail("varlen_batch", "the number of sequences (>= 1) with cu_seqlens", std::to_string(o.varlen_batch));
     if (B != 1) c.fail("q", "batch 1 (packed tokens) with cu_seqlens", std::to_string(B));
     const auto cq = read_ints(o.cu_seqlens_q, o.varlen_batch + 1, p.device);
-    const auto ck = read_ints(o.cu_seqlens_k, o.varlen_batch + 1, p.device);
+    ck = read_ints(o.cu_seqlens_k, o.varlen_batch + 1, p.device);
     int64_t max_q = 0, max_k = 0;
     check_cu_seqlens(c, "cu_seqlens_q", cq, Nq, "q", &max_q);
     check_cu_seqlens(c, "cu_seqlens_k", ck, Nk, "k", &max_k);
@@ -98,6 +99,20 @@ Params check_common(const Checker& c, const Tensor& q, const Tensor& k, const Te
     p.max_seqlen_k = o.max_seqlen_k > 0 ? o.max_seqlen_k : max_k;
   } else if (o.varlen_batch != 0) {
     c.fail("varlen_batch", "0 without cu_seqlens", std::to_string(o.varlen_batch));
+  }
+
+  // Keys used per sequence: within the key rows the tensors hold for it (Nk, or its cu_seqlens_k
+  // span), read where cu_seqlens are read.
+  if (o.seqused_k != nullptr) {
+    const auto used = read_ints(o.seqused_k, p.batch, p.device);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t rows = ck.empty() ? Nk : int64_t(ck[size_t(b) + 1]) - ck[size_t(b)];
+      if (used[size_t(b)] < 0 || used[size_t(b)] > rows)
+        c.fail("seqused_k", "entries in 0.." + std::to_string(rows) + " (the key rows of sequence " + std::to_string(b) +
+                                (ck.empty() ? ", Nk" : ", its cu_seqlens_k span") + ")",
+               "entry " + std::to_string(b) + " = " + std::to_string(used[size_t(b)]));
+    }
+    p.seqused_k = o.seqused_k;
   }
 
   if (lse != nullptr) {
@@ -155,6 +170,46 @@ Params check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const T
   p.dq = ref(dq);
   p.dk = ref(dk);
   p.dv = ref(dv);
+  return p;
+}
+
+MergeParams check_merge(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& lse_part,
+                        void* stream) {
+  const Checker c("merge_partial");
+  c.tensor("out_acc", out_acc);
+  if (out_acc.dtype != DType::f32) c.fail_type("out_acc", "dtype f32 (the accumulator)", dtype_name(out_acc.dtype));
+  c.tensor("part", part);
+  if (part.device != out_acc.device)
+    c.fail_type("part", std::string("device ") + device_name(out_acc.device) + " (as out_acc)", device_name(part.device));
+#if !defined(FLASHATTN_WITH_CUDA)
+  if (out_acc.device == Device::cuda) c.fail_type("out_acc", "device cpu (this build has no CUDA backend)", "cuda");
+#endif
+  c.shape("part", part, out_acc.shape, "(batch, seqlen, heads, head_dim) as out_acc");
+  const int64_t B = out_acc.shape[0], S = out_acc.shape[1], H = out_acc.shape[2];
+  c.lse("lse_acc", lse_acc, out_acc, B, H, S);
+  c.lse("lse_part", lse_part, out_acc, B, H, S);
+  // The accumulators are written: each element its own memory, apart from every input.
+  c.distinct_elements("out_acc", out_acc);
+  c.distinct_elements("lse_acc", lse_acc);
+  c.no_overlap("out_acc", out_acc, "part", part);
+  c.no_overlap("out_acc", out_acc, "lse_part", lse_part);
+  c.no_overlap("lse_acc", lse_acc, "part", part);
+  c.no_overlap("lse_acc", lse_acc, "lse_part", lse_part);
+  c.no_overlap("lse_acc", lse_acc, "out_acc", out_acc);
+
+  MergeParams p;
+  p.device = out_acc.device;
+  p.part_dtype = part.dtype;
+  p.batch = B, p.seqlen = S, p.heads = H, p.head_dim = out_acc.shape[3];
+  auto ref = [](const Tensor& t) { return TensorRef{t.data, t.strides[0], t.strides[1], t.strides[2]}; };
+  auto lref = [](const Tensor& t) {
+    return LseRef{static_cast<float*>(t.data), t.strides[0], t.strides[1], t.strides[2]};
+  };
+  p.out = ref(out_acc);
+  p.part = ref(part);
+  p.lse = lref(lse_acc);
+  p.lse_part = lref(lse_part);
+  p.stream = stream;
   return p;
 }
 

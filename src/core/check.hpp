@@ -13,4 +13,7 @@ Params check_backward(const Tensor& q, const Tensor& k, const Tensor& v, const T
                       const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
                       const Tensor& dv, const Options& options);
 
+MergeParams check_merge(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& lse_part,
+                        void* stream);
+
 }  // namespace flashattn::detail

@@ -112,8 +112,14 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
     p.rotary_interleaved = o.rotary_interleaved;
   }
 
-  // Where each sequence lives, and that its tokens fit.
-  const std::vector<int32_t> seqlens = read_ints(cache.seqlens, B, p.device);
+  // Where each sequence lives, and that its tokens fit. While a CUDA stream is being captured
+  // into a graph the host cannot read device memory, and with check_on_device it does not: the
+  // values are then checked on the device (values_on_device) and only the shapes here.
+#if defined(FLASHATTN_WITH_CUDA)
+  p.values_on_device = p.device == Device::cuda && (o.check_on_device || cuda::stream_capturing(o.stream));
+#endif
+  const bool host_values = !p.values_on_device;
+  const std::vector<int32_t> seqlens = host_values ? read_ints(cache.seqlens, B, p.device) : std::vector<int32_t>{};
   std::vector<int32_t> table, bidx;
   if (cache.paged()) {
     if (cache.batch_idx != nullptr)
@@ -122,17 +128,17 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
     const int64_t stride = cache.block_table_stride != 0 ? cache.block_table_stride : cache.max_pages;
     if (stride < cache.max_pages)
       c.fail("block_table", "a row stride >= max_pages " + std::to_string(cache.max_pages), std::to_string(stride));
-    table = read_ints(cache.block_table, (B - 1) * stride + cache.max_pages, p.device);
+    if (host_values && B > 0) table = read_ints(cache.block_table, (B - 1) * stride + cache.max_pages, p.device);
     p.block_table = cache.block_table;
     p.block_table_stride = stride;
     p.max_pages = cache.max_pages;
   } else if (cache.batch_idx != nullptr) {
-    bidx = read_ints(cache.batch_idx, B, p.device);
+    if (host_values) bidx = read_ints(cache.batch_idx, B, p.device);
     p.batch_idx = cache.batch_idx;
   }
   const int64_t capacity = cache.paged() ? cache.max_pages * p.cache_rows : p.cache_rows;
   std::vector<char> row_used(cache.paged() ? 0 : size_t(p.cache_batch), 0);
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < (host_values ? B : 0); ++b) {
     const int64_t len = seqlens[size_t(b)];
     if (len < 0) c.fail("cache_seqlens", "entries >= 0", "entry " + std::to_string(b) + " = " + std::to_string(len));
     const int64_t total = len + p.seqlen_new;
@@ -167,7 +173,7 @@ KVParams check_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out,
                std::to_string(p.rotary_len) + " rows");
     }
   }
-  if (cache.paged() && p.seqlen_new > 0) {  // two sequences appending into one page would race
+  if (host_values && cache.paged() && p.seqlen_new > 0) {  // two sequences appending into one page would race
     std::vector<int64_t> owner(size_t(p.cache_batch), -1);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t first = seqlens[size_t(b)] / p.cache_rows, last = (seqlens[size_t(b)] + p.seqlen_new - 1) / p.cache_rows;

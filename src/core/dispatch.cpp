@@ -33,10 +33,12 @@ const char* to_string(Algorithm algorithm) {
 namespace {
 thread_local const char* t_kernel_path = "";  // of the last call that returned normally
 thread_local const char* t_pending_path = "";  // of the call in progress
+thread_local int t_kvcache_splits = 0;  // of the last forward_kvcache that returned normally
 }  // namespace
 
 void detail::set_kernel_path(const char* path) { t_pending_path = path; }
 const char* last_kernel_path() { return t_kernel_path; }
+int last_kvcache_splits() { return t_kvcache_splits; }
 
 size_t element_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
@@ -105,15 +107,29 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
   t_kernel_path = p.algorithm == Algorithm::flash ? "cpu.flash" : "cpu.standard";
 }
 
+void merge_partial(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& lse_part,
+                   void* stream) {
+  const detail::MergeParams p = detail::check_merge(out_acc, lse_acc, part, lse_part, stream);
+#if defined(FLASHATTN_WITH_CUDA)  // without it, check_merge has rejected Device::cuda
+  if (p.device == Device::cuda) return cuda::merge_partial(p);
+#endif
+  cpu::merge_partial(p);
+}
+
 void forward_kvcache(const Tensor& q, const KVCache& cache, const Tensor& out, const Tensor* lse,
                      const KVCacheOptions& options) {
   const detail::KVParams p = detail::check_kvcache(q, cache, out, lse, options);
-  if (p.device == Device::cuda)
-    throw Error("flashattn::forward_kvcache: q: the CUDA backend has no KV-cache kernels in this build (device cpu "
-                "runs it)",
-                Error::Kind::unsupported);
-  cpu::kvcache_forward(p);
+#if defined(FLASHATTN_WITH_CUDA)  // without it, check_kvcache has rejected Device::cuda
+  if (p.device == Device::cuda) {
+    const int splits = cuda::forward_kvcache(p);
+    t_kernel_path = t_pending_path;
+    t_kvcache_splits = splits;
+    return;
+  }
+#endif
+  const int splits = cpu::kvcache_forward(p);
   t_kernel_path = "cpu.kvcache";
+  t_kvcache_splits = splits;
 }
 
 }  // namespace flashattn

@@ -45,6 +45,10 @@ struct KVParams {
   int window_left = -1, window_right = -1;  // resolved; causal folded in as window_right = 0
   int num_splits = 0;                       // 0 = the backend chooses
   void* stream = nullptr;
+  // The lengths, page indices and cache rows were not read on the host (check_on_device, or CUDA
+  // graph capture): the backend validates them on the device and writes nothing when one is out
+  // of range.
+  bool values_on_device = false;
 
   int64_t group_size() const { return heads / heads_kv; }
   bool windowed() const { return window_left >= 0 || window_right >= 0; }

@@ -50,6 +50,17 @@ struct StageProfile {
   }
 };
 
+// merge_partial, checked: out and lse (f32) are read and written, part (dtype part_dtype) and
+// lse_part only read; all (batch, seqlen, heads, head_dim) / (batch, heads, seqlen).
+struct MergeParams {
+  Device device = Device::cpu;
+  DType part_dtype = DType::f32;
+  int64_t batch = 0, seqlen = 0, heads = 0, head_dim = 0;
+  TensorRef out, part;
+  LseRef lse, lse_part;
+  void* stream = nullptr;
+};
+
 struct Params {
   DType dtype = DType::f32;  // of q, k, v, out, dout, dq, dk, dv (all the same)
   Device device = Device::cpu;
@@ -75,6 +86,9 @@ struct Params {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;  // per-sequence maxima (== seqlen_q/k without varlen)
+  // Keys used per sequence (batch entries, in the memory of cu_seqlens), or null: all of them.
+  // Checked: 0 <= seqused_k[b] <= the sequence's key rows. seq_span applies it.
+  const int32_t* seqused_k = nullptr;
 
   bool deterministic = false;
   void* stream = nullptr;
@@ -88,18 +102,28 @@ struct Params {
   int64_t group_size() const { return heads / heads_kv; }  // query heads per KV head
 };
 
-// Where sequence b lives and how long it is. Valid on the host only (reads cu_seqlens).
+// Where sequence b lives and how long it is. Valid on the host only (reads cu_seqlens and
+// seqused_k). k_len is the keys the sequence attends to, the length its causal and window masks
+// align to; k_rows the key rows the tensors hold for it: k_len = seqused_k[b] when given, else
+// k_rows. Rows [k_len, k_rows) are padding: never read, their dK and dV written as zeros.
 struct SeqSpan {
   int64_t batch_index;     // batch coordinate for the tensors (0 with varlen)
   int64_t q_start, k_start;  // first row in the tensors
   int64_t q_len, k_len;
+  int64_t k_rows;
 };
 
+// The keys sequence b uses out of the k_rows its tensors hold (the CPU backend's rule; the CUDA
+// backend rejects seqused_k).
+inline int64_t used_keys(const int32_t* seqused_k, int64_t b, int64_t k_rows) {
+  return seqused_k != nullptr ? int64_t(seqused_k[b]) : k_rows;
+}
+
 inline SeqSpan seq_span(const Params& p, int64_t b) {
-  if (!p.varlen()) return {b, 0, 0, p.seqlen_q, p.seqlen_k};
+  if (!p.varlen()) return {b, 0, 0, p.seqlen_q, used_keys(p.seqused_k, b, p.seqlen_k), p.seqlen_k};
   const int64_t q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
   const int64_t k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
-  return {0, q0, k0, q1 - q0, k1 - k0};
+  return {0, q0, k0, q1 - q0, used_keys(p.seqused_k, b, k1 - k0), k1 - k0};
 }
 
 // The visible key range [lo, hi) of query row i (local to its sequence) under the resolved window

@@ -7,6 +7,8 @@
 //   dP = dO Vᵀ                                     (kBlockM, kBlockN)
 //   dS = P ∘ (dP − D) [∘ (1 − tanh²) with softcap]
 //   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K         (scale folded in at the stores)
+// P is exp(S − LSE) with the LSE and D with the O the caller passes: a caller that splits the keys
+// (a ring's blocks) passes the whole row's LSE and O and gets its block's share of the gradients.
 //
 // Threading and determinism (no atomics; bitwise identical for any thread count or schedule):
 // work unit = (batch, KV head, key chunk c). The key tiles of a (batch, KV head) pair are dealt
@@ -97,8 +99,17 @@ void backward_step(const detail::Params& p, const TileKernels& tk, const detail:
     else tk.exp2_sum(row, nk, lse2[r]);
   }
   tk.gemm(mq, nk_pad, d, dout, d_pad, 1, w.vt.data(), BN, sdS, BN, nullptr, false);
-  for (int r = 0; r < mq; ++r)
+  for (int r = 0; r < mq; ++r) {
+    // A row that sees a single key, in this tile: its dP is taken by the same dot product as its
+    // D = dO·O, so that when O is that key's V (the row's whole softmax is the one key) dP − D is 0
+    // exactly and the row adds nothing to dQ and dK, as softmax's derivative says; a GEMM's other
+    // summation order would leave an fp32 residue that dK sums over every row seeing the key.
+    // Otherwise (O from a larger key set, as a ring's block passes it) dS follows the same formula.
+    const KeyRange kr = w.range[r];
+    if (kr.hi - kr.lo == 1 && kr.lo >= j0 && kr.hi <= j0 + nk)
+      sdS[r * BN + (kr.lo - j0)] = tk.dot(dout + r * d_pad, w.vtmp.data() + (kr.lo - j0) * d_pad, d);
     tk.dsoftmax(sS + r * BN, sdS + r * BN, dsum[r], sT ? sT + r * BN : nullptr, nk, sdS + r * BN);
+  }
 
   // dV += Pᵀ dO and dK += dSᵀ Q: (nk, d_pad), A read through the transposed view (rsa 1, csa BN).
   tk.gemm(nk, int(d_pad), mq, sS, 1, BN, dout, d_pad, w.dv.data(), d_pad, nullptr, true);
@@ -219,12 +230,14 @@ void flash_backward(const detail::Params& p) {
       }
     }
 
-    // dQ = scale · Σ_c acc[c], summed in chunk order: the fixed-order reduction.
+    // dQ = scale · Σ_c acc[c], summed in chunk order: the fixed-order reduction. The pair's key
+    // padding (rows past seqused_k, which no unit visits) gets its zero dK, dV here.
     detail::Scratch<float> row(static_cast<size_t>(d_pad));
 #pragma omp for schedule(static)
     for (int64_t pr = 0; pr < pairs; ++pr) {
       const int64_t b = pr / p.heads_kv, hk = pr % p.heads_kv;
       const detail::SeqSpan sp = detail::seq_span(p, b);
+      zero_key_padding(p, sp, hk);
       const int64_t per_chunk = G * sp.q_len * d_pad;
       const float* acc = dq_acc.data() + acc_off[size_t(pr)];
       char* dqb = static_cast<char*>(p.dq.data);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "core/params.hpp"
@@ -64,6 +65,16 @@ inline void load_rows(const detail::Params& p, const TileKernels& tk, const deta
   for (int r = 0; r < rows; ++r) {
     const int64_t off = t.offset(sp.batch_index, seq_start + row0 + r, head);
     tk.load(base + off * int64_t(esz), p.dtype, int(p.head_dim), mult, dst + r * ld_dst);
+  }
+}
+
+// dK and dV rows [k_len, k_rows) of sequence `sp`, KV head hk: the key padding past seqused_k,
+// whose gradients are zeros (all-zero bits in f32, f16 and bf16).
+inline void zero_key_padding(const detail::Params& p, const detail::SeqSpan& sp, int64_t hk) {
+  const size_t esz = dtype_bytes(p.dtype), bytes = size_t(p.head_dim) * esz;
+  for (int64_t j = sp.k_start + sp.k_len; j < sp.k_start + sp.k_rows; ++j) {
+    std::memset(static_cast<char*>(p.dk.data) + p.dk.offset(sp.batch_index, j, hk) * int64_t(esz), 0, bytes);
+    std::memset(static_cast<char*>(p.dv.data) + p.dv.offset(sp.batch_index, j, hk) * int64_t(esz), 0, bytes);
   }
 }
 

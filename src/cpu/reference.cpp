@@ -18,7 +18,8 @@ double load(const detail::TensorRef& t, DType dtype, int64_t b, int64_t i, int64
   return detail::load_as_float(t.data, t.offset(b, i, h) + c, dtype);
 }
 
-// Definition (docs/semantics.md): query i of a sequence with q_len queries and k_len keys sees key j iff
+// Definition (docs/semantics.md): query i of a sequence with q_len queries and k_len keys (its
+// seqused_k entry when given: seq_span; the key rows past it are never read) sees key j iff
 //   j >= i + k_len - q_len - window_left    (when window_left >= 0)
 //   j <= i + k_len - q_len + window_right   (when window_right >= 0)
 //   j <= i + k_len - q_len                  (when causal)

@@ -4,7 +4,7 @@
 //
 // Outputs are dense double arrays indexed by the tensors' logical coordinates:
 //   out/dq: [(b * seqlen_q + i) * heads + h] * head_dim + c      (b = 0 with varlen)
-//   dk/dv:  [(b * seqlen_k + j) * heads_kv + h] * head_dim + c
+//   dk/dv:  [(b * seqlen_k + j) * heads_kv + h] * head_dim + c      (0 for key rows past seqused_k)
 //   lse:    [(b * heads + h) * seqlen_q + i]                     (-inf for rows that see no key)
 #pragma once
 

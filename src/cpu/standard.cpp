@@ -276,6 +276,7 @@ void standard_backward(const Params& p) {
         tk.store(dk.data() + j * d_pad, int(d), p.scale, p.dtype, dk_base + p.dk.offset(sp.batch_index, sp.k_start + j, hk) * int64_t(esz));
         tk.store(dv.data() + j * d_pad, int(d), 1.0f, p.dtype, dv_base + p.dv.offset(sp.batch_index, sp.k_start + j, hk) * int64_t(esz));
       }
+      zero_key_padding(p, sp, hk);  // rows past seqused_k
     }
   }
 }

@@ -53,6 +53,8 @@ struct T {
     const V m = _mm256_set1_ps(-0.0f);
     return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sign));
   }
+  // a < b ? x : y, lane by lane
+  static V select_less(V a, V b, V x, V y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
   static V round(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // p · 2^n for integral n >= -150: the exponent field built directly for n >= -126, 0 below
   // (the results there are < 2^-126 and only ever summed with terms >= 1).

@@ -49,6 +49,8 @@ struct T {
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(m, _mm512_castps_si512(sign),
                                                          _mm512_castps_si512(mag), 0xca));
   }
+  // a < b ? x : y, lane by lane
+  static V select_less(V a, V b, V x, V y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x); }
   static V round(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   // p · 2^n; scalef flushes 2^-150 to 0 exactly.
   static V scale_by_exp2(V p, V n) { return _mm512_scalef_ps(p, n); }

@@ -176,18 +176,29 @@ static float exp2_sum(float* x, int n, float offset) {
   return T::reduce_add(T::add(s0, s1));
 }
 
-// tanh(y) = sign(y) · (1 - 2 / (2^(2·log2(e)·|y|) + 1)): no overflow (2^large = inf gives 1),
-// absolute error ~1e-7 (what matters for the scores it feeds).
+// tanh(y), relative error a few 1e-7 everywhere: the score is cap·tanh(raw/cap), so an absolute
+// error of tanh is multiplied by cap (30 or 50 in models) and a small score would lose its digits.
+//   |y| < 0.625: y + y·z·P(z), z = y², the degree-4 minimax P of Cephes tanhf;
+//   else:        sign(y) · (1 − 2 / (2^(2·log2(e)·|y|) + 1)), tanh ≥ 0.55 there, so its absolute
+//                error ~1e-7 is relative too; no overflow (2^large = inf gives 1).
 static void softcap(float* x, int n, float cap, float out_mult, float* t) {
   using V = typename T::V;
   constexpr int L = T::kLanes;
-  const V k2 = T::set1(2.0f * 1.4426950408889634f / cap), one = T::set1(1.0f),
-          two = T::set1(2.0f), mult = T::set1(out_mult * cap);
+  const V inv = T::set1(1.0f / cap), k2 = T::set1(2.0f * 1.4426950408889634f), one = T::set1(1.0f),
+          two = T::set1(2.0f), mult = T::set1(out_mult * cap), small = T::set1(0.625f);
   for (int j = 0; j < n; j += L) {
     const int r = n - j < L ? n - j : L;
-    const V y = T::load_partial(x + j, r, 0.0f);
-    const V e = vexp2(T::mul(T::abs(y), k2));
-    const V th = T::copysign(T::sub(one, T::div(two, T::add(e, one))), y);
+    const V y = T::mul(T::load_partial(x + j, r, 0.0f), inv), ay = T::abs(y);
+    const V e = vexp2(T::mul(ay, k2));
+    const V big = T::copysign(T::sub(one, T::div(two, T::add(e, one))), y);
+    const V z = T::mul(y, y);
+    V p = T::set1(-5.70498872745e-3f);
+    p = T::fmadd(p, z, T::set1(2.06390887954e-2f));
+    p = T::fmadd(p, z, T::set1(-5.37397155531e-2f));
+    p = T::fmadd(p, z, T::set1(1.33314422036e-1f));
+    p = T::fmadd(p, z, T::set1(-3.33332819422e-1f));
+    const V poly = T::fmadd(T::mul(p, z), y, y);
+    const V th = T::select_less(ay, small, poly, big);
     if (t) T::store_partial(t + j, r, th);
     T::store_partial(x + j, r, T::mul(th, mult));
   }

@@ -37,9 +37,7 @@ bool available() {
   return n > 0;
 }
 
-namespace {
-
-void check_pointer(const void* ptr, const char* name, int device) {
+void check_device_pointer(const void* ptr, const char* name, int device) {
   if (ptr == nullptr) return;
   cudaPointerAttributes attr{};
   const cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
@@ -64,6 +62,8 @@ int current_device() {
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   return dev;
 }
+
+namespace {
 
 int device_arch(int dev) {
   int major = 0, minor = 0;
@@ -124,18 +124,19 @@ const KernelEntry& flash_kernel_for(const detail::Params& p, bool backward) {
 
 void check_device_pointers(const detail::Params& p, bool backward) {
   const int dev = current_device();
-  check_pointer(p.q.data, "q", dev);
-  check_pointer(p.k.data, "k", dev);
-  check_pointer(p.v.data, "v", dev);
-  check_pointer(p.out.data, "out", dev);
-  check_pointer(p.lse.data, "lse", dev);
-  check_pointer(p.cu_seqlens_q, "cu_seqlens_q", dev);
-  check_pointer(p.cu_seqlens_k, "cu_seqlens_k", dev);
+  check_device_pointer(p.q.data, "q", dev);
+  check_device_pointer(p.k.data, "k", dev);
+  check_device_pointer(p.v.data, "v", dev);
+  check_device_pointer(p.out.data, "out", dev);
+  check_device_pointer(p.lse.data, "lse", dev);
+  check_device_pointer(p.cu_seqlens_q, "cu_seqlens_q", dev);
+  check_device_pointer(p.cu_seqlens_k, "cu_seqlens_k", dev);
+  check_device_pointer(p.seqused_k, "seqused_k", dev);
   if (backward) {
-    check_pointer(p.dout.data, "dout", dev);
-    check_pointer(p.dq.data, "dq", dev);
-    check_pointer(p.dk.data, "dk", dev);
-    check_pointer(p.dv.data, "dv", dev);
+    check_device_pointer(p.dout.data, "dout", dev);
+    check_device_pointer(p.dq.data, "dq", dev);
+    check_device_pointer(p.dk.data, "dk", dev);
+    check_device_pointer(p.dv.data, "dv", dev);
   }
 }
 
@@ -148,9 +149,16 @@ bool hopper_allowed() {
   }();
   return allowed;
 }
+// Options::seqused_k is taken by the CPU backend; the CUDA kernels read every key row they are given.
+void reject_seqused_k(const detail::Params& p) {
+  if (p.seqused_k != nullptr)
+    throw Error("seqused_k: the CUDA backend attends to every key row; Options::seqused_k runs on Device::cpu",
+                Error::Kind::unsupported);
+}
 }  // namespace
 
 void forward(const detail::Params& p) {
+  reject_seqused_k(p);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) {
     detail::set_kernel_path("cuda.standard");
@@ -166,6 +174,7 @@ void forward(const detail::Params& p) {
 }
 
 void backward(const detail::Params& p) {
+  reject_seqused_k(p);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) {
     detail::set_kernel_path("cuda.standard");
@@ -182,6 +191,12 @@ void backward(const detail::Params& p) {
   DeviceScratch dsum(size_t(tensor_batch * p.heads * p.seqlen_q) * sizeof(float), stream);
   a.dsum = dsum.as<float>();
   k.backward(a, stream);
+}
+
+bool stream_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
 }
 
 void copy_to_host(void* host, const void* device_ptr, size_t bytes) {

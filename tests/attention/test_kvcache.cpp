@@ -16,9 +16,15 @@
 #include <vector>
 
 #include "core/kv_params.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/reference.hpp"
 #include "flashattn/kvcache.hpp"
+#include "support/attention_case.hpp"
 #include "support/test_util.hpp"
+
+#if defined(FLASHATTN_TEST_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace fa_test {
 namespace {
@@ -58,10 +64,7 @@ struct KvRun {
     if (c.page > 0) {
       max_pages = (c.capacity + c.page - 1) / c.page;
       num_pages = c.B * max_pages + 3;  // some pages belong to nobody
-      std::vector<int32_t> perm(static_cast<size_t>(num_pages));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      table.assign(perm.begin(), perm.begin() + c.B * max_pages);
+      table = shuffled_block_table(c.B * max_pages, num_pages, rng);
       kc = make_tensor(c.dtype, {num_pages, c.page, c.Hkv, c.d});
       vc = make_tensor(c.dtype, {num_pages, c.page, c.Hkv, c.d});
       cache.block_table = table.data();
@@ -135,6 +138,10 @@ struct Expected {
   Problem prob;
   FwdResult exact, plain;
   std::vector<double> k_new_stored;  // (B, S_new, Hkv, d): what the new key slots must hold
+  // The per-row LSE bound: the plain implementation's, plus, for rotated queries in a 16-bit
+  // dtype, the rounding of the rotated query to it (the CUDA kernels round it, as a plain
+  // same-precision implementation does), which moves each score by up to u·scale·‖q‖·‖k‖.
+  std::vector<double> lse_tol;
 };
 
 // The oracle's view of the call, from the run's tensors before the call.
@@ -181,6 +188,24 @@ Expected expect(const KvRun& R) {
   }
   e.exact = plain_forward(e.prob, q, k, v, c.dtype, true);
   e.plain = plain_forward(e.prob, q, k, v, c.dtype, false);
+  e.lse_tol = e.plain.lse_tol;
+  if (c.rotary_dim > 0 && c.dtype != DType::f32) {
+    const double u = c.dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h) {
+        double kmax = 0;
+        for (int64_t t = 0; t < e.prob.seqs[size_t(b)].k_len; ++t) {
+          double n2 = 0;
+          for (int64_t x = 0; x < c.d; ++x) n2 += k[size_t(e.prob.ki(b, t, h / (c.H / c.Hkv), x))] * k[size_t(e.prob.ki(b, t, h / (c.H / c.Hkv), x))];
+          kmax = std::max(kmax, std::sqrt(n2));
+        }
+        for (int64_t i = 0; i < c.Sq; ++i) {
+          double qn2 = 0;
+          for (int64_t x = 0; x < c.d; ++x) qn2 += q[size_t(e.prob.qi(b, i, h, x))] * q[size_t(e.prob.qi(b, i, h, x))];
+          e.lse_tol[size_t(e.prob.li(b, h, i))] += u * e.prob.scale * std::sqrt(qn2) * kmax;
+        }
+      }
+  }
   return e;
 }
 
@@ -189,12 +214,33 @@ double ulp(double x, DType t) {
   return u * std::max(std::fabs(x), 0x1p-14);
 }
 
-void run_case(const KvCase& c) {
+// The call's arguments on a device: the run's tensors and int arrays placed there (for cpu the
+// host views themselves). Built in place: the options point at the tensors held here.
+struct Placed {
+  Tensor q, out, lse, kn, vn, cos, sin;
+  flashattn::KVCache cache;
+  flashattn::KVCacheOptions o;
+  Placed(const KvRun& R, Placement& pl) : cache(R.cache), o(R.o) {
+    q = pl.put(R.q), out = pl.put(R.out), lse = pl.put(R.lse);
+    cache.k = pl.put(R.kc), cache.v = pl.put(R.vc);
+    cache.seqlens = pl.put_ints(R.lens);
+    if (!R.table.empty()) cache.block_table = pl.put_ints(R.table);
+    if (!R.bidx.empty()) cache.batch_idx = pl.put_ints(R.bidx);
+    if (R.o.k_new) kn = pl.put(R.kn), vn = pl.put(R.vn), o.k_new = &kn, o.v_new = &vn;
+    if (R.o.rotary_cos) cos = pl.put(R.cos), sin = pl.put(R.sin), o.rotary_cos = &cos, o.rotary_sin = &sin;
+  }
+  Placed(const Placed&) = delete;  // o points into this object
+  Placed& operator=(const Placed&) = delete;
+  void call() const { flashattn::forward_kvcache(q, cache, out, &lse, o); }
+};
+
+void run_case(const KvCase& c, Device device) {
   FA_SEED_TRACE();
+  if (skip_without_device(device)) GTEST_SKIP() << "no usable CUDA device";
   KvRun R(c);
   const Expected e = expect(R);
   // The library's fp64 reference (what other tests may lean on) agrees with this oracle.
-  {
+  if (device == Device::cpu) {
     const Tensor tq = R.q.view(), tout = R.out.view();
     const flashattn::detail::KVParams p = flashattn::detail::check_kvcache(tq, R.cache, tout, nullptr, R.o);
     std::vector<double> out(size_t(c.B * c.Sq * c.H * c.d)), lse(size_t(c.B * c.H * c.Sq));
@@ -205,13 +251,15 @@ void run_case(const KvCase& c) {
   poison(R.out);
   poison(R.lse);
   const std::vector<uint64_t> out0 = snapshot(R.out), lse0 = snapshot(R.lse);
-  const Tensor tq = R.q.view(), tout = R.out.view(), tlse = R.lse.view();
-  flashattn::forward_kvcache(tq, R.cache, tout, &tlse, R.o);
-  EXPECT_STREQ(flashattn::last_kernel_path(), "cpu.kvcache");
+  Placement pl(device);
+  const Placed P(R, pl);
+  P.call();
+  EXPECT_STREQ(flashattn::last_kernel_path(), device == Device::cpu ? "cpu.kvcache" : "cuda.kvcache");
+  for (HostTensor* t : {&R.out, &R.lse, &R.kc, &R.vc}) pl.fetch(*t);
   EXPECT_TRUE(written_exactly("out", R.out, out0));
   EXPECT_TRUE(written_exactly("lse", R.lse, lse0));
   EXPECT_TRUE(within_rule("kvcache out", R.out.dense(), e.exact.out, e.plain.out, c.dtype, e.plain.score_max));
-  EXPECT_TRUE(lse_within(R.lse.dense(), e.exact.lse, e.plain.lse_tol, 0.0));
+  EXPECT_TRUE(lse_within(R.lse.dense(), e.exact.lse, e.lse_tol, 0.0));
 
   // The cache: the new slots hold the new tokens (keys as the oracle stored them, to the fp32
   // rotation's rounding and an ulp of the dtype), every other element exactly as before.
@@ -321,28 +369,71 @@ std::vector<KvCase> cases() {
   return v;
 }
 
+// The CUDA kernels take f16/bf16 and head dims that are multiples of 8: every CPU case in a
+// 16-bit type (f32 cases as bf16), plus the shapes that reach the kernels' other paths — head dims
+// 64/128/256 and one padded (80), the prefill CTA shape (more than 16 packed query rows), long
+// caches split many ways, and tiles that straddle pages.
+std::vector<KvCase> cuda_cases() {
+  std::vector<KvCase> v;
+  for (KvCase c : cases()) {
+    if (c.d % 8 != 0) continue;
+    if (c.dtype == DType::f32) c.dtype = DType::bf16;
+    v.push_back(c);
+  }
+  KvCase base;
+  base.H = 32, base.Hkv = 8, base.lens = {1000, 77}, base.capacity = 1024, base.dtype = DType::bf16;
+  for (int64_t d : {64, 80, 128, 256}) {
+    KvCase c = base;
+    c.d = d;
+    c.name = "decode_gqa4_d" + std::to_string(d);
+    v.push_back(c);
+    c.page = 16;
+    c.S_new = 1;
+    c.name += "_paged16_append";
+    v.push_back(c);
+  }
+  { KvCase c = base; c.name = "decode_f16_auto_splits_long"; c.dtype = DType::f16; c.B = 1; c.lens = {4000}; c.capacity = 4096; c.d = 128; v.push_back(c); }
+  { KvCase c = base; c.name = "decode_splits_3_page_7"; c.splits = 3; c.page = 7; c.capacity = 1029; c.d = 128; v.push_back(c); }
+  { KvCase c = base; c.name = "prefill_chunk_causal"; c.H = 8; c.Hkv = 2; c.Sq = 40; c.S_new = 40; c.lens = {300, 0}; c.causal = true; c.d = 128; v.push_back(c); }
+  { KvCase c = base; c.name = "prefill_chunk_paged_window_d256"; c.H = 4; c.Hkv = 1; c.Sq = 33; c.S_new = 33; c.lens = {200, 31}; c.page = 16;
+    c.capacity = 256; c.wl = 50; c.wr = 0; c.d = 256; v.push_back(c); }
+  { KvCase c = base; c.name = "prefill_rotary_softcap"; c.H = 16; c.Hkv = 4; c.Sq = 5; c.S_new = 5; c.lens = {500, 9}; c.causal = true;
+    c.rotary_dim = 64; c.interleaved = false; c.softcap = 30.f; c.d = 128; v.push_back(c); }
+  { KvCase c = base; c.name = "speculative_gqa8_splits_7"; c.H = 8; c.Hkv = 1; c.Sq = 2; c.S_new = 2; c.causal = true; c.splits = 7; c.d = 64; v.push_back(c); }
+  return v;
+}
+
 class KvCache : public ::testing::TestWithParam<KvCase> {};
-TEST_P(KvCache, MatchesOracleAndWritesOnlyTheNewSlots) { run_case(GetParam()); }
+TEST_P(KvCache, MatchesOracleAndWritesOnlyTheNewSlots) { run_case(GetParam(), Device::cpu); }
 INSTANTIATE_TEST_SUITE_P(Cpu, KvCache, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
+class KvCacheCuda : public ::testing::TestWithParam<KvCase> {};
+TEST_P(KvCacheCuda, MatchesOracleAndWritesOnlyTheNewSlots) { run_case(GetParam(), Device::cuda); }
+INSTANTIATE_TEST_SUITE_P(Cuda, KvCacheCuda, ::testing::ValuesIn(cuda_cases()),
+                         [](const auto& info) { return info.param.name; });
+
 // Split counts agree with each other to the rule's bound (the merge is exact up to rounding).
-TEST(KvCacheSplits, AgreeAcrossSplitCounts) {
+void splits_agree(Device device) {
   FA_SEED_TRACE();
+  if (skip_without_device(device)) GTEST_SKIP() << "no usable CUDA device";
   KvCase c;
   c.lens = {1000, 517};
   c.capacity = 1024;
   c.H = 8;
   c.Hkv = 2;
+  c.d = 64;
   c.dtype = DType::bf16;
   std::vector<std::vector<double>> outs;
   KvRun R(c);
   const Expected e = expect(R);
   for (int s : {1, 2, 7, 0}) {
     R.o.num_splits = s;
-    const Tensor tq = R.q.view(), tout = R.out.view();
     poison(R.out);
-    flashattn::forward_kvcache(tq, R.cache, tout, nullptr, R.o);
+    Placement pl(device);
+    const Placed P(R, pl);
+    P.call();
+    pl.fetch(R.out);
     outs.push_back(R.out.dense());
   }
   const double bound = rule_bound(e.exact.out, e.plain.out, c.dtype, e.plain.score_max);
@@ -350,6 +441,78 @@ TEST(KvCacheSplits, AgreeAcrossSplitCounts) {
     double worst = 0;
     for (size_t j = 0; j < outs[0].size(); ++j) worst = std::max(worst, std::fabs(outs[i][j] - outs[0][j]));
     EXPECT_LE(worst, bound) << "split setting " << i << " against one split";
+  }
+}
+TEST(KvCacheSplits, AgreeAcrossSplitCounts) { splits_agree(Device::cpu); }
+TEST(KvCacheSplitsCuda, AgreeAcrossSplitCounts) { splits_agree(Device::cuda); }
+
+// The CPU decode path (at most 16 packed query rows, group · Sq, per KV head: decode kernels
+// reading K and V in place) and the general one on either side of that threshold; head dims that
+// are not a multiple of the vector width (d 59, 72, 100: partial vectors and single-vector slices);
+// f16; chunks that straddle pages and splits of a long cache.
+std::vector<KvCase> decode_path_cases() {
+  std::vector<KvCase> v;
+  KvCase base;
+  base.lens = {90, 41};
+  base.capacity = 128;
+  { KvCase c = base; c.name = "rows_16_mqa"; c.H = 16; c.Hkv = 1; v.push_back(c); }
+  { KvCase c = base; c.name = "rows_17_mqa_general"; c.H = 17; c.Hkv = 1; v.push_back(c); }
+  { KvCase c = base; c.name = "rows_16_gqa4_causal"; c.H = 8; c.Hkv = 2; c.Sq = 4; c.S_new = 4; c.causal = true; v.push_back(c); }
+  { KvCase c = base; c.name = "rows_20_gqa4_causal_general"; c.H = 8; c.Hkv = 2; c.Sq = 5; c.S_new = 5; c.causal = true; v.push_back(c); }
+  { KvCase c = base; c.name = "d59_bf16_gqa4"; c.d = 59; c.dtype = DType::bf16; c.H = 8; c.Hkv = 2; c.lens = {77, 120}; v.push_back(c); }
+  { KvCase c = base; c.name = "d72_f16_paged_16"; c.d = 72; c.dtype = DType::f16; c.page = 16; c.H = 8; c.Hkv = 2; c.lens = {100, 37}; c.S_new = 1; v.push_back(c); }
+  { KvCase c = base; c.name = "d100_f16_window_softcap"; c.d = 100; c.dtype = DType::f16; c.Sq = 3; c.S_new = 3; c.wl = 20; c.wr = 0; c.softcap = 8.f;
+    c.lens = {90, 12}; v.push_back(c); }
+  { KvCase c = base; c.name = "gqa8_rotary_halves_d64"; c.d = 64; c.H = 16; c.Hkv = 2; c.Sq = 2; c.S_new = 2; c.causal = true; c.rotary_dim = 32;
+    c.interleaved = false; v.push_back(c); }
+  { KvCase c = base; c.name = "long_paged_16_splits_3_bf16"; c.B = 1; c.H = 32; c.Hkv = 8; c.d = 128; c.dtype = DType::bf16; c.page = 16;
+    c.lens = {1500}; c.capacity = 1600; c.S_new = 1; c.splits = 3; v.push_back(c); }
+  { KvCase c = base; c.name = "long_paged_7_auto_splits_f32"; c.H = 8; c.Hkv = 2; c.d = 40; c.page = 7; c.lens = {1100, 650}; c.capacity = 1120;
+    v.push_back(c); }
+  return v;
+}
+
+class KvCacheDecode : public ::testing::TestWithParam<KvCase> {};
+TEST_P(KvCacheDecode, MatchesOracleAndWritesOnlyTheNewSlots) { const KvCase& c = GetParam(); run_case(c, Device::cpu); }
+INSTANTIATE_TEST_SUITE_P(Cpu, KvCacheDecode, ::testing::ValuesIn(decode_path_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The decode kernels of every instruction set this CPU runs (the scalar table always), each
+// against the oracle on the cases that take the decode path.
+TEST(KvCacheDecodeIsa, EveryInstructionSetMatchesTheOracle) {
+  std::vector<KvCase> all = cases();
+  for (const KvCase& c : decode_path_cases()) all.push_back(c);
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    const flashattn::cpu::TileKernels* table = flashattn::cpu::tile_kernels_for(isa);
+    if (!table) continue;
+    flashattn::cpu::override_tile_kernels(table);
+    for (const KvCase& c : all) {
+      if (c.Sq * (c.H / c.Hkv) > 16) continue;
+      SCOPED_TRACE(std::string(isa) + " " + c.name);
+      run_case(c, Device::cpu);
+    }
+    flashattn::cpu::override_tile_kernels(nullptr);
+  }
+}
+
+// A given split count gives the same bits on every call, whichever thread runs which split.
+TEST(KvCacheDecodeRepeat, SameBitsForTheSameSplitCount) {
+  FA_SEED_TRACE();
+  KvCase c;
+  c.B = 1, c.H = 32, c.Hkv = 8, c.d = 128, c.lens = {3000}, c.capacity = 3072, c.dtype = DType::bf16;
+  for (int s : {1, 3, 0}) {
+    c.splits = s;
+    KvRun R(c);
+    const Tensor tq = R.q.view(), tout = R.out.view(), tlse = R.lse.view();
+    poison(R.out);  // the whole buffer, gaps between rows included
+    flashattn::forward_kvcache(tq, R.cache, tout, &tlse, R.o);
+    const std::vector<uint64_t> out0 = snapshot(R.out), lse0 = snapshot(R.lse);
+    for (int rep = 0; rep < 3; ++rep) {
+      poison(R.out);
+      flashattn::forward_kvcache(tq, R.cache, tout, &tlse, R.o);
+      EXPECT_EQ(snapshot(R.out), out0) << "splits " << s << ", call " << rep + 2;
+      EXPECT_EQ(snapshot(R.lse), lse0) << "splits " << s << ", call " << rep + 2;
+    }
   }
 }
 
@@ -433,6 +596,131 @@ TEST(KvCacheChecks, BadInputNamesTheArgumentAndWritesNothing) {
     EXPECT_EQ(snapshot(R.vc), s_v) << "v_cache written";
   }
 }
+
+// A batch of 0 sequences over a paged cache whose block-table rows are 5 entries apart (2 used):
+// nothing to read or write, so the call returns without touching the table (whose extent for 0
+// rows, (B − 1)·stride + max_pages, would be negative).
+TEST(KvCacheChecks, EmptyBatchWithARowStrideReadsNoTable) {
+  HostTensor q = make_tensor(DType::f32, {0, 1, 2, 8}), out = make_tensor(DType::f32, {0, 1, 2, 8});
+  HostTensor kc = make_tensor(DType::f32, {4, 8, 1, 8}), vc = make_tensor(DType::f32, {4, 8, 1, 8});
+  const int32_t table[1] = {0}, lens[1] = {0};
+  flashattn::KVCache cache;
+  cache.k = kc.view();
+  cache.v = vc.view();
+  cache.seqlens = lens;
+  cache.block_table = table;
+  cache.max_pages = 2;
+  cache.block_table_stride = 5;
+  EXPECT_NO_THROW(flashattn::forward_kvcache(q.view(), cache, out.view(), nullptr));
+}
+
+#if defined(FLASHATTN_TEST_CUDA)
+// P's call captured into a CUDA graph on a stream of its own (global capture mode, what
+// torch.cuda.graph uses), instantiated, ready to launch.
+struct CapturedCall {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = false;
+  explicit CapturedCall(Placed& P) {
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return;
+    P.o.stream = stream;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess) return;
+    P.call();
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  }
+  bool replay() const { return cudaGraphLaunch(exec, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess; }
+  ~CapturedCall() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+};
+
+// With the lengths, pages and cache rows in device memory an out-of-range value is still rejected
+// before anything is written: read on the host by default (an Error naming the argument), checked
+// on the device with check_on_device or while the stream is being captured into a graph (the call,
+// or the replay, then writes nothing).
+TEST(KvCacheCudaChecks, BadValuesWriteNothingOnEveryCheckPath) {
+  FA_SEED_TRACE();
+  if (skip_without_device(Device::cuda)) GTEST_SKIP() << "no usable CUDA device";
+  KvCase c;
+  c.S_new = 2, c.page = 8, c.capacity = 64, c.d = 64, c.dtype = DType::bf16;
+  const std::vector<BadCase> bad = {
+      {"negative_length", "cache_seqlens", [](KvRun& r) { r.lens[1] = -1; }},
+      {"past_capacity", "cache_seqlens", [](KvRun& r) { r.lens[0] = 63; }},
+      {"page_out_of_range", "block_table", [](KvRun& r) { r.table[0] = int32_t(r.num_pages); }},
+      {"negative_page", "block_table", [](KvRun& r) { r.table[size_t(r.max_pages)] = -1; }},
+  };
+  enum Mode { host, on_device, capture };
+  for (Mode mode : {host, on_device, capture})
+    for (const BadCase& bc : bad) {
+      SCOPED_TRACE(bc.name + (mode == host ? "" : mode == on_device ? " (check_on_device)" : " (graph capture)"));
+      KvRun R(c);
+      fill_sentinel(R.out, 0x5a);
+      fill_sentinel(R.lse, 0x5a);
+      bc.mutate(R);
+      const std::vector<uint64_t> s_out = snapshot(R.out), s_lse = snapshot(R.lse), s_k = snapshot(R.kc), s_v = snapshot(R.vc);
+      Placement pl(Device::cuda);
+      Placed P(R, pl);
+      if (mode == on_device) {
+        P.o.check_on_device = true;
+        P.call();  // no Error: the host never sees the values
+      } else if (mode == host) {
+        try {
+          P.call();
+          ADD_FAILURE() << bc.name << ": no Error";
+        } catch (const flashattn::Error& err) {
+          const std::string m = err.what();
+          EXPECT_EQ(m.rfind("flashattn::forward_kvcache: " + bc.arg + ":", 0), 0u) << m;
+        }
+      } else {
+        const CapturedCall g(P);  // shapes are valid: nothing to reject on the host
+        ASSERT_TRUE(g.ok) << "capture failed";
+        ASSERT_TRUE(g.replay()) << "replay failed";
+      }
+      for (HostTensor* t : {&R.out, &R.lse, &R.kc, &R.vc}) pl.fetch(*t);
+      EXPECT_EQ(snapshot(R.out), s_out) << "out written";
+      EXPECT_EQ(snapshot(R.lse), s_lse) << "lse written";
+      EXPECT_EQ(snapshot(R.kc), s_k) << "k_cache written";
+      EXPECT_EQ(snapshot(R.vc), s_v) << "v_cache written";
+    }
+}
+
+// A decode step captured once replays with new lengths (what serving loops do): each replay
+// equals, bit for bit, a direct call with the lengths the device holds at that moment.
+TEST(KvCacheCudaGraph, ReplayWithNewLengthsEqualsDirectCalls) {
+  FA_SEED_TRACE();
+  if (skip_without_device(Device::cuda)) GTEST_SKIP() << "no usable CUDA device";
+  KvCase c;
+  c.H = 32, c.Hkv = 8, c.d = 128, c.B = 2, c.lens = {900, 33}, c.capacity = 1024, c.page = 16, c.dtype = DType::bf16;
+  KvRun R(c);
+  Placement pl(Device::cuda);
+  Placed P(R, pl);
+  const CapturedCall g(P);  // the first call of the process: captured, never run eagerly before
+  ASSERT_TRUE(g.ok) << "capture failed";
+  for (const std::vector<int32_t>& lens : {std::vector<int32_t>{900, 33}, {1000, 1}, {0, 517}}) {
+    SCOPED_TRACE("lengths " + std::to_string(lens[0]) + ", " + std::to_string(lens[1]));
+    ASSERT_EQ(cudaMemcpy(const_cast<int32_t*>(P.cache.seqlens), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    poison(R.out);
+    pl.refresh(R.out);
+    ASSERT_TRUE(g.replay()) << "replay failed";
+    pl.fetch(R.out);
+    const std::vector<double> from_graph = R.out.dense();
+    poison(R.out);
+    pl.refresh(R.out);
+    P.call();
+    ASSERT_EQ(cudaStreamSynchronize(g.stream), cudaSuccess);
+    pl.fetch(R.out);
+    EXPECT_EQ(R.out.dense(), from_graph) << "graph replay differs from a direct call";
+    R.lens = lens;
+    const Expected e = expect(R);
+    EXPECT_TRUE(within_rule("replayed out", from_graph, e.exact.out, e.plain.out, c.dtype, e.plain.score_max));
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace fa_test

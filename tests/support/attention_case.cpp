@@ -85,7 +85,21 @@ struct Run {
       opts.cu_seqlens_q = pl.put_ints(c.cu_q);
       opts.cu_seqlens_k = pl.put_ints(c.cu_k);
     }
-    prob = make_problem(B, Nq, Nk, c.H, c.Hkv, c.d, opts, c.cu_q, c.cu_k);
+    if (!c.seqused_k.empty()) {
+      host_opts.seqused_k = c.seqused_k.data();
+      opts.seqused_k = pl.put_ints(c.seqused_k);
+    }
+    prob = make_problem(B, Nq, Nk, c.H, c.Hkv, c.d, opts, c.cu_q, c.cu_k, c.seqused_k);
+    if (c.nan_padding) {  // padding is never read: NaN there must not reach any result
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      for (const Seq& sq : prob.seqs)
+        for (int64_t j = sq.k_len; j < sq.k_rows; ++j)
+          for (int64_t h = 0; h < c.Hkv; ++h)
+            for (int64_t e = 0; e < c.d; ++e) {
+              k.set(k.index(sq.b, sq.k0 + j, h, e), nan);
+              v.set(v.index(sq.b, sq.k0 + j, h, e), nan);
+            }
+    }
     tq = pl.put(q);
     tk = pl.put(k);
     tv = pl.put(v);
@@ -101,6 +115,11 @@ std::string describe(const Run& r) {
      << c.softcap << " scale " << c.scale << " (resolved " << r.prob.scale << ") mag " << c.mag << " layout in "
      << layout_name(c.in_layout) << " out " << layout_name(c.out_layout) << (c.packed_qkv ? " packed_qkv" : "")
      << (c.padded_lse ? " padded_lse" : "") << " deterministic " << c.deterministic;
+  if (!c.seqused_k.empty()) {
+    os << " seqused_k {";
+    for (int32_t x : c.seqused_k) os << x << ",";
+    os << "}" << (c.nan_padding ? " NaN padding" : "");
+  }
   if (!c.cu_q.empty()) {
     os << " cu_seqlens_q {";
     for (int32_t x : c.cu_q) os << x << ",";
@@ -133,19 +152,6 @@ std::string describe(const Run& r) {
 
 // Runs the library's forward for the r-th output set. Returns false (after GTEST_SKIP or a
 // failure) when the caller must stop.
-// Algorithm::standard materializes S in the working dtype (src/cpu/standard.cpp, as the naive
-// framework that the plain implementation models), so its LSE carries S's rounding: each stored
-// score is off by at most u_dtype·|s| (relative rounding, in natural or log2 units alike) and the
-// LSE, a smooth maximum, by at most the largest of those, u_dtype·max_j|s_ij| per row (plus 2^-24
-// for f16 subnormals). Algorithm::flash keeps S in fp32 (docs/semantics.md) and gets the fp32 bound alone.
-std::vector<double> lse_bound(const Param& P, const FwdResult& plain) {
-  std::vector<double> tol = plain.lse_tol;
-  if (P.algo != Algorithm::standard) return tol;
-  const double u = P.dtype == DType::f32 ? 0x1p-24 : P.dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
-  for (size_t i = 0; i < tol.size(); ++i) tol[i] += u * plain.row_score_max[i] + 0x1p-24;
-  return tol;
-}
-
 bool call_forward(Run& R, int r, bool* skipped) {
   poison(R.out[r]);
   poison(R.lse[r]);
@@ -274,7 +280,7 @@ void run_case(const Param& P) {
   const auto outx = R.out[0].dense();
   EXPECT_TRUE(within_rule("forward out", outx, out_ref, plain.out, dt, plain.score_max));
   if (c.with_lse) {
-    EXPECT_TRUE(lse_within(R.lse[0].dense(), lse_ref, lse_bound(P, plain), 0.0));
+    EXPECT_TRUE(lse_within(R.lse[0].dense(), lse_ref, lse_bound(P.algo, P.dtype, plain), 0.0));
   }
 
   // Rows that see no key: out exactly 0, LSE exactly -inf (edge policy, docs/semantics.md).
@@ -393,7 +399,7 @@ void run_agreement(const Param& P) {
   for (double t : plain.lse_tol) tol = std::max(tol, t);
   {
     double ts = 0;
-    for (double t : lse_bound(ps, plain)) ts = std::max(ts, t);
+    for (double t : lse_bound(ps.algo, ps.dtype, plain)) ts = std::max(ts, t);
     tol += ts;  // flash's bound + standard's bound
   }
   EXPECT_LE(el.max, tol) << "flash vs standard lse: max diff " << el.max << " (mean " << el.mean << ")";
@@ -423,6 +429,36 @@ void run_agreement(const Param& P) {
     EXPECT_LE(eg.max, 2 * b) << "flash vs standard " << g.name << ": max diff " << eg.max << " (mean " << eg.mean
                              << "), allowed 2 x rule bound " << b;
   }
+}
+
+std::vector<Case> determinism_cases() {
+  std::vector<Case> v;
+  for (bool causal : {false, true})
+    for (bool det : {false, true}) {
+      Case c;
+      c.name = std::string(causal ? "causal" : "full") + (det ? "_deterministic" : "");
+      c.B = 2;
+      c.Nq = 257;
+      c.Nk = 513;
+      c.H = 8;
+      c.Hkv = 2;
+      c.d = 64;
+      c.causal = causal;
+      c.deterministic = det;
+      v.push_back(c);
+    }
+  Case w;
+  w.name = "varlen_window_softcap";
+  w.cu_q = {0, 200, 200, 457};
+  w.cu_k = {0, 300, 333, 633};
+  w.H = 8;
+  w.Hkv = 1;
+  w.wl = 64;
+  w.wr = 32;
+  w.softcap = 5.0f;
+  w.mag = 10;
+  v.push_back(w);
+  return v;
 }
 
 }  // namespace fa_test

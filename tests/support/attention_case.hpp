@@ -22,6 +22,8 @@ struct Case {
   bool padded_lse = false;   // lse with row stride 2 and gaps
   std::vector<int32_t> cu_q, cu_k;  // varlen when non-empty (B, Nq, Nk are then ignored)
   int max_q = 0, max_k = 0;          // Options::max_seqlen_q/k (0 = computed)
+  std::vector<int32_t> seqused_k;    // Options::seqused_k when non-empty (one entry per sequence)
+  bool nan_padding = false;          // the key rows past seqused_k hold NaN in k and v
   bool with_lse = true;              // false: forward with lse = nullptr (forward only)
   bool backward = true;
   bool deterministic = false;
@@ -53,6 +55,11 @@ void run_agreement(const Param& p);
 // The same forward and backward `reps` times: bitwise-equal outputs and gradients every time (on
 // CUDA, gradients only with Options::deterministic). No reference: this hunts races.
 void run_repeat(const Param& p, int reps);
+
+// The shapes run_repeat is given: larger than the tiles in both directions, GQA, many threads'
+// worth of work; causal or not × deterministic or not (B 2, Nq 257, Nk 513, H 8, Hkv 2, d 64),
+// then one varlen case with a window and softcap.
+std::vector<Case> determinism_cases();
 
 // Skips the current test (with a counted, printed reason) when p.device is cuda and no device is
 // usable; returns true when the caller must return.

@@ -24,7 +24,8 @@
 namespace fa_test {
 
 Problem make_problem(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Hkv, int64_t d, const Options& o,
-                     const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k) {
+                     const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                     const std::vector<int32_t>& seqused_k) {
   Problem p;
   p.B = B;
   p.Nq = Nq;
@@ -39,10 +40,12 @@ Problem make_problem(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Hkv, 
   p.wr = o.causal ? 0 : o.window_right;
   if (!cu_q.empty()) {
     for (size_t b = 0; b + 1 < cu_q.size(); ++b)
-      p.seqs.push_back({0, cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]});
+      p.seqs.push_back({0, cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b], cu_k[b + 1] - cu_k[b]});
   } else {
-    for (int64_t b = 0; b < B; ++b) p.seqs.push_back({b, 0, Nq, 0, Nk});
+    for (int64_t b = 0; b < B; ++b) p.seqs.push_back({b, 0, Nq, 0, Nk, Nk});
   }
+  // seqused_k: sequence b's keys are its first seqused_k[b] rows; its masks align to that count.
+  for (size_t b = 0; b < seqused_k.size() && b < p.seqs.size(); ++b) p.seqs[b].k_len = seqused_k[b];
   return p;
 }
 
@@ -246,9 +249,9 @@ std::vector<char> masked_query_rows(const Problem& p) {
 std::vector<char> unseen_keys(const Problem& p) {
   std::vector<char> m(size_t(p.B * p.Nk * p.Hkv), 0);
   for (const Seq& sq : p.seqs)
-    for (int64_t j = 0; j < sq.k_len; ++j) {
-      bool seen = false;
-      for (int64_t i = 0; i < sq.q_len && !seen; ++i) seen = p.visible(i, j, sq.q_len, sq.k_len);
+    for (int64_t j = 0; j < std::max(sq.k_len, sq.k_rows); ++j) {
+      bool seen = false;  // padding rows (j >= k_len) are no key: never seen
+      for (int64_t i = 0; i < sq.q_len && !seen && j < sq.k_len; ++i) seen = p.visible(i, j, sq.q_len, sq.k_len);
       if (!seen)
         for (int64_t h = 0; h < p.Hkv; ++h) m[size_t((sq.b * p.Nk + sq.k0 + j) * p.Hkv + h)] = 1;
     }

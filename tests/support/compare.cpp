@@ -82,6 +82,19 @@ double rule_bound(const std::vector<double>& ref, const std::vector<double>& pla
   return ::testing::AssertionFailure() << os.str();
 }
 
+// Algorithm::standard materializes S in the working dtype (src/cpu/standard.cpp, as the naive
+// framework that the plain implementation models), so its LSE carries S's rounding: each stored
+// score is off by at most u_dtype·|s| (relative rounding, in natural or log2 units alike) and the
+// LSE, a smooth maximum, by at most the largest of those, u_dtype·max_j|s_ij| per row (plus 2^-24
+// for f16 subnormals). Algorithm::flash keeps S in fp32 (docs/semantics.md) and gets the fp32 bound alone.
+std::vector<double> lse_bound(Algorithm algo, DType dtype, const FwdResult& plain) {
+  std::vector<double> tol = plain.lse_tol;
+  if (algo != Algorithm::standard) return tol;
+  const double u = dtype == DType::f32 ? 0x1p-24 : dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] += u * plain.row_score_max[i] + 0x1p-24;
+  return tol;
+}
+
 ::testing::AssertionResult lse_within(const std::vector<double>& x, const std::vector<double>& ref,
                                       const std::vector<double>& tol, double extra) {
   const double ninf = -std::numeric_limits<double>::infinity();

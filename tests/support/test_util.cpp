@@ -1,6 +1,7 @@
 // Seeds, skips, host tensors and device placement (see test_util.hpp).
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 
 #include "core/dtype.hpp"
@@ -165,6 +167,14 @@ std::array<HostTensor, 3> make_packed_qkv(DType t, int64_t B, int64_t N, int64_t
   v.shape = {B, N, Hkv, d};
   v.offset = (H + Hkv) * d;
   return {q, k, v};
+}
+
+std::vector<int32_t> shuffled_block_table(int64_t entries, int64_t num_pages, std::mt19937_64& rng) {
+  std::vector<int32_t> perm(static_cast<size_t>(num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  perm.resize(static_cast<size_t>(entries));
+  return perm;
 }
 
 void fill_uniform(HostTensor& t, std::mt19937_64& rng, double mag) {

@@ -90,6 +90,9 @@ std::array<HostTensor, 3> make_packed_qkv(DType t, int64_t B, int64_t N, int64_t
 
 // Uniform in [-mag, mag], rounded to the dtype; values that round to 0 are redrawn (never zeros).
 void fill_uniform(HostTensor& t, std::mt19937_64& rng, double mag);
+// A paged cache's block table: the first `entries` of a random permutation of num_pages pages (the
+// rest belong to no sequence).
+std::vector<int32_t> shuffled_block_table(int64_t entries, int64_t num_pages, std::mt19937_64& rng);
 // Fills the whole backing storage (view and gaps) with a NaN bit pattern.
 void poison(HostTensor& t);
 // Fills the whole backing storage with a non-NaN pattern (for the bad-input tests).
@@ -123,6 +126,8 @@ class Placement {
 // ---- the attention problem, independent of the library's Params ---------------------------------
 struct Seq {
   int64_t b, q0, q_len, k0, k_len;  // tensor batch index, first rows, lengths
+  int64_t k_rows;  // key rows the tensors hold for the sequence (k_len is less with seqused_k: the
+                   // rows [k_len, k_rows) are padding, no key of the sequence)
 };
 
 struct Problem {
@@ -143,8 +148,10 @@ struct Problem {
   int64_t work() const;  // sum over sequences of q_len·k_len·H·d
 };
 
+// seqused_k: empty, or the keys each sequence uses (its first ones; Options::seqused_k).
 Problem make_problem(int64_t B, int64_t Nq, int64_t Nk, int64_t H, int64_t Hkv, int64_t d, const Options& o,
-                     const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k);
+                     const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
+                     const std::vector<int32_t>& seqused_k = {});
 
 struct FwdResult {
   std::vector<double> out, lse;
@@ -164,7 +171,8 @@ BwdResult plain_backward(const Problem& p, const std::vector<double>& q, const s
                          const std::vector<double>& v, const std::vector<double>& dout, DType dtype, bool exact);
 
 // Which query rows see no key ((b, i, h) in dense order of out/dq, per element row) and which keys
-// are seen by no query row; both from the problem's own mask.
+// are seen by no query row (the padding rows past seqused_k among them); both from the problem's
+// own mask.
 std::vector<char> masked_query_rows(const Problem& p);  // size B·Nq·H
 std::vector<char> unseen_keys(const Problem& p);        // size B·Nk·Hkv
 
@@ -184,6 +192,9 @@ ErrStats error_stats(const std::vector<double>& x, const std::vector<double>& re
 // The rule's bound, for comparisons between two implementations (flash vs standard).
 double rule_bound(const std::vector<double>& ref, const std::vector<double>& plain, DType dtype, double score_max);
 
+// The LSE bound per row of an algorithm's output: plain.lse_tol (fp32), plus for
+// Algorithm::standard the rounding of S in the working dtype (compare.cpp).
+std::vector<double> lse_bound(Algorithm algo, DType dtype, const FwdResult& plain);
 // |x − ref| ≤ tol[i] + extra per row; rows with ref = -inf must be exactly -inf.
 ::testing::AssertionResult lse_within(const std::vector<double>& x, const std::vector<double>& ref,
                                       const std::vector<double>& tol, double extra);

@@ -253,6 +253,17 @@ TEST(Flops, Convention) {
   EXPECT_EQ(forward_flops(c), 2.0 * 2 * 3 * 100 * 200 * 64);
 }
 
+// With a window the visible pairs are counted: N = 8, causal, 2 keys left of the diagonal: rows 0
+// and 1 see 1 and 2 keys, rows 2 … 7 three each (21 pairs); Nq 4 over Nk 10 without causal: row i
+// sees keys i + 4 … 9 (6 + 5 + 4 + 3 = 18).
+TEST(Flops, WindowCountsVisiblePairs) {
+  Config c;
+  c.batch = 1, c.heads = 2, c.head_dim = 16, c.seqlen_q = c.seqlen_k = 8, c.causal = true, c.window_left = 2;
+  EXPECT_EQ(forward_flops(c), 4.0 * 2 * 21 * 16);
+  c.causal = false, c.seqlen_q = 4, c.seqlen_k = 10;
+  EXPECT_EQ(forward_flops(c), 4.0 * 2 * 18 * 16);
+}
+
 // ---- flashattn traffic: measured bytes beside the model (issue 5) ----------------------------------
 // What CI can check without a GPU: the columns, the reason printed when nothing is measured, and the
 // argument errors. The measurement itself (CUPTI) runs on the GPU machine (scripts/dev/gpu-physics).
@@ -653,4 +664,161 @@ TEST(ToolsTraffic, JsonIsValidAndExact) {
   bool found = false;
   for (double r : got) found = found || bits(r) == bits(want);
   EXPECT_TRUE(found) << strprintf("%.17g", want) << "\n" << text;
+}
+
+// ---- flashattn decode: the serving benchmark --------------------------------------------------------
+
+namespace {
+
+// A tiny sweep on the CPU: B 1 and 2 over caches of 64, 300 and 1K tokens, H 4 over 2 KV heads, d 32.
+DecodeArgs small_decode() {
+  DecodeArgs a;
+  a.device = "cpu";
+  a.batches = {1, 2};
+  a.caches = {"64", "300", "1K"};
+  a.heads = 4;
+  a.heads_kv = 2;
+  a.head_dim = 32;
+  a.reps = 2;
+  a.check_rows = 3;
+  a.json = true;
+  a.progress = false;
+  return a;
+}
+
+// The JSON string following `"key":` in each row, in order.
+std::vector<std::string> json_strings(const std::string& text, const std::string& key) {
+  std::vector<std::string> out;
+  const std::string pat = "\"" + key + "\":\"";
+  for (size_t pos = text.find(pat); pos != std::string::npos; pos = text.find(pat, pos + 1)) {
+    const size_t start = pos + pat.size();
+    out.push_back(text.substr(start, text.find('"', start) - start));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(ToolsDecode, JsonRowsParseWithSmallErrorsAndEveryField) {
+  struct Variant {
+    int64_t page_size;
+    int splits;
+    bool append;
+  };
+  for (const Variant& v : {Variant{0, 0, false}, Variant{7, 3, true}}) {
+    SCOPED_TRACE(strprintf("page_size %lld splits %d append %d", (long long)v.page_size, v.splits, int(v.append)));
+    DecodeArgs a = small_decode();
+    a.page_size = v.page_size;
+    a.splits = v.splits;
+    a.append = v.append;
+    std::ostringstream os;
+    ASSERT_EQ(run_decode(a, os), 0) << os.str();
+    const std::string text = os.str();
+    ASSERT_TRUE(valid_json(text)) << text;
+    EXPECT_EQ(json_numbers(text, "batch"), (std::vector<double>{1, 1, 1, 2, 2, 2})) << text;
+    EXPECT_EQ(json_numbers(text, "cache_len"), (std::vector<double>{64, 300, 1024, 64, 300, 1024})) << text;
+    const auto kv_bytes = json_numbers(text, "kv_bytes"), ms = json_numbers(text, "time_ms"),
+               rate = json_numbers(text, "kv_bytes_per_s"), bw = json_numbers(text, "read_bw_bytes_per_s"),
+               fraction = json_numbers(text, "read_bw_fraction"), err = json_numbers(text, "max_err"),
+               splits = json_numbers(text, "num_splits");
+    ASSERT_EQ(ms.size(), 6u) << text;
+    ASSERT_EQ(err.size(), 6u) << text;
+    ASSERT_EQ(splits.size(), 6u) << text;
+    const double lens[] = {64, 300, 1024};
+    for (size_t i = 0; i < 6; ++i) {
+      const double batch = i < 3 ? 1 : 2, len = lens[i % 3];
+      EXPECT_EQ(kv_bytes[i], 2 * batch * len * 2 * 32 * 4) << text;  // 2·B·len·Hkv·d·sizeof(f32)
+      EXPECT_GT(ms[i], 0) << text;
+      EXPECT_NEAR(rate[i], kv_bytes[i] / (ms[i] * 1e-3), 1e-9 * rate[i]) << text;
+      EXPECT_GT(bw[i], 1e8) << text;  // any machine reads faster than 100 MB/s
+      EXPECT_NEAR(fraction[i], rate[i] / bw[i], 1e-12 * fraction[i]) << text;
+      EXPECT_LE(err[i], 1e-5) << text;
+      if (v.splits > 0) EXPECT_EQ(splits[i], v.splits) << text;
+      else EXPECT_GE(splits[i], 1) << text;
+    }
+    EXPECT_EQ(json_strings(text, "layout"), std::vector<std::string>(6, v.page_size > 0 ? "paged" : "contiguous"));
+    EXPECT_EQ(json_numbers(text, "page_size"), std::vector<double>(6, double(v.page_size)));
+    EXPECT_EQ(json_strings(text, "kernel_path"), std::vector<std::string>(6, "cpu.kvcache"));
+    EXPECT_EQ(json_strings(text, "machine"), std::vector<std::string>(6, cpu_model_name()));
+    for (const char* key : {"\"seqlen_q\":1,", "\"heads\":4,", "\"heads_kv\":2,", "\"head_dim\":32,", "\"ok\":true",
+                            "\"threads\":", "\"read_bw_method\":", "\"dtype\":\"f32\""})
+      EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
+    EXPECT_EQ(text.find("\"ok\":false"), std::string::npos) << text;
+    EXPECT_NE(text.find(v.append ? "\"append\":true" : "\"append\":false"), std::string::npos) << text;
+  }
+}
+
+TEST(ToolsDecode, TableNamesTheMachineAndTheReadBandwidth) {
+  DecodeArgs a = small_decode();
+  a.json = false;
+  a.batches = {2};
+  a.caches = {"300"};
+  a.dtype = "bf16";
+  a.page_size = 16;
+  std::ostringstream os;
+  ASSERT_EQ(run_decode(a, os), 0) << os.str();
+  const std::string text = os.str();
+  EXPECT_NE(text.find("flashattn decode — cpu (" + cpu_model_name()), std::string::npos) << text;
+  EXPECT_NE(text.find("bf16 H=4/2 d=32"), std::string::npos) << text;
+  EXPECT_NE(text.find("paged 16 cache"), std::string::npos) << text;
+  EXPECT_NE(text.find("read bandwidth measured now: "), std::string::npos) << text;
+  EXPECT_NE(text.find("of read BW"), std::string::npos) << text;
+  EXPECT_NE(text.find("[ok]"), std::string::npos) << text;
+  EXPECT_EQ(text.find("FAIL"), std::string::npos) << text;
+}
+
+TEST(ToolsDecode, RejectsBadArgumentsNamingTheOption) {
+  std::ostringstream os;
+  auto run = [&](const std::function<void(DecodeArgs&)>& change) {
+    DecodeArgs a = small_decode();
+    change(a);
+    return error_of([&] { run_decode(a, os); });
+  };
+  const std::pair<std::function<void(DecodeArgs&)>, std::string> cases[] = {
+      {[](DecodeArgs& a) { a.batches = {1, 0}; }, "flashattn decode: --batch: expected values >= 1, got 0"},
+      {[](DecodeArgs& a) { a.caches = {"12x"}; }, "--cache: expected token counts from 1 to 2147483647 such as 4096 or "
+                                                  "32K (K = 1024), got 12x"},
+      {[](DecodeArgs& a) { a.caches = {"0"}; }, "--cache: expected token counts"},
+      {[](DecodeArgs& a) { a.caches = {"4096M"}; }, "--cache: expected token counts"},
+      {[](DecodeArgs& a) { a.caches = {"K"}; }, "--cache: expected token counts"},
+      {[](DecodeArgs& a) { a.heads_kv = 3; }, "--heads-kv: expected a divisor of --heads 4, got 3"},
+      {[](DecodeArgs& a) { a.heads = 0; }, "--heads: expected >= 1, got 0"},
+      {[](DecodeArgs& a) { a.head_dim = 300; }, "--head-dim: expected 1..256, got 300"},
+      {[](DecodeArgs& a) { a.page_size = -1; }, "--paged: expected a page size >= 1 (or 0: a contiguous cache), got -1"},
+      {[](DecodeArgs& a) { a.splits = -2; }, "--splits: expected 0 (the library's choice) or >= 1, got -2"},
+      {[](DecodeArgs& a) { a.reps = 0; }, "--reps: expected >= 1, got 0"},
+      {[](DecodeArgs& a) { a.check_rows = -1; }, "--check-rows: expected >= 0, got -1"},
+      {[](DecodeArgs& a) { a.dtype = "int8"; }, "--dtype: expected f32, f16, bf16 or auto, got int8"},
+      {[](DecodeArgs& a) { a.device = "tpu"; }, "--device: expected cpu, cuda or auto, got tpu"},
+      {[](DecodeArgs& a) { a.append = true, a.caches = {"1"}; }, "--cache: expected lengths >= 2 with --append"},
+  };
+  for (const auto& [change, want] : cases) {
+    const std::string got = run(change);
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+    EXPECT_EQ(got.rfind("flashattn", 0), 0u) << got;
+  }
+  if (!cuda_available())  // no device: --device cuda is refused by name
+    EXPECT_NE(run([](DecodeArgs& a) { a.device = "cuda"; }).find("--device"), std::string::npos);
+}
+
+// On a CUDA device: valid JSON either way; each row measured and checked, or, while the build's CUDA
+// backend lacks KV-cache kernels, one row carrying the library's unsupported error.
+TEST(ToolsDecode, CudaRowsOrTheUnsupportedError) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  DecodeArgs a = small_decode();
+  a.device = "cuda";
+  a.dtype = "bf16";
+  a.page_size = 16;
+  std::ostringstream os;
+  const int rc = run_decode(a, os);
+  const std::string text = os.str();
+  ASSERT_TRUE(valid_json(text)) << text;
+  if (text.find("\"error\":") != std::string::npos) {
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(text.find("forward_kvcache"), std::string::npos) << text;
+  } else {
+    EXPECT_EQ(rc, 0) << text;
+    EXPECT_EQ(json_numbers(text, "max_err").size(), 6u) << text;
+    EXPECT_EQ(text.find("\"ok\":false"), std::string::npos) << text;
+  }
 }

@@ -21,6 +21,10 @@ inline void check_cuda(cudaError_t e, const char* what) {
 inline void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw_cublas(s, what);
 }
+// Error (kind type) naming `name` unless ptr is null or memory of CUDA device `device`.
+void check_device_pointer(const void* ptr, const char* name, int device);
+int current_device();  // cudaGetDevice, Error on failure
+
 // After a kernel launch: configuration errors appear here, asynchronous faults at the next sync.
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 

@@ -55,8 +55,13 @@ inline cudaMemPool_t scratch_pool(int device) {
   return pools[device].load(std::memory_order_relaxed);
 }
 
-// Stream-ordered allocation from the current device's scratch pool.
+// Stream-ordered allocation from the current device's scratch pool. While `stream` is being
+// captured into a CUDA graph the allocation becomes a node of the graph, which owns its memory:
+// it then comes from cudaMallocAsync, so that a first call under capture does not create the pool.
 inline cudaError_t scratch_malloc(void** ptr, size_t bytes, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+    return cudaMallocAsync(ptr, bytes, stream);
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;

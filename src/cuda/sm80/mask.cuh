@@ -33,6 +33,9 @@ struct WindowMask {
   __device__ __forceinline__ WindowMask(const AttnArgs& a, const SeqInfo& s)
       : q_len(s.q_len), k_len(s.k_len), off(s.k_len - s.q_len), left(a.window_left),
         right(a.window_right) {}
+  // One KV-cache sequence: q_len queries over its k_len = cached + new tokens.
+  __device__ __forceinline__ WindowMask(int q_len_, int k_len_, int left_, int right_)
+      : q_len(q_len_), k_len(k_len_), off(k_len_ - q_len_), left(left_), right(right_) {}
 
   __device__ __forceinline__ bool visible(int i, int j) const {
     return j < k_len && (left < 0 || j >= i + off - left) && (right < 0 || j <= i + off + right);

@@ -1,0 +1,19 @@
+// Choice of the decode-kernel table: the instruction set of the tile-kernel table in use.
+#include "cpu/decode_kernels.hpp"
+
+#include <cstring>
+
+#include "cpu/isa.hpp"
+
+namespace flashattn::cpu {
+
+const DecodeKernels& decode_kernels() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const char* isa = tile_kernels().name;  // a table this CPU runs (isa.cpp checked it)
+  if (!std::strcmp(isa, "avx512")) return kDecodeKernelsAvx512;
+  if (!std::strcmp(isa, "avx2")) return kDecodeKernelsAvx2;
+#endif
+  return kDecodeKernelsScalar;
+}
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,68 @@
+// AVX-512 decode kernels (compiled with -mavx512f/bw/vl/dq -mfma; chosen with the AVX-512 tile
+// kernels). The decode path is bound by memory, not by the vector width: the gain over AVX2 is the
+// masked tails and more registers for the scores block.
+// GCC 12's avx512fintrin.h initializes some results from _mm512_undefined_*(), which -Wall reports
+// as uninitialized uses inside the header (a known false positive of that header).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/decode_kernels.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+struct T {
+  using V = __m512;
+  static constexpr int kLanes = 16;
+  // Scores: 4 rows × 4 keys = 16 accumulators + 4 × 2 key vectors + 1 query = 25 of 32 registers.
+  static constexpr int kScoreKeys = 4, kScoreRows = 4;
+
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V load_partial(const float* p, int r) {
+    return _mm512_maskz_loadu_ps(r >= 16 ? __mmask16(0xffff) : __mmask16((1u << r) - 1u), p);
+  }
+  // v, forced into a register: without it the compiler folds the load into each FMA that uses v
+  // (one load per FMA), and the scores loop becomes bound by loads instead of FMAs.
+  static V in_register(V v) {
+    __asm__("" : "+x"(v));
+    return v;
+  }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  // out[i] = the sum of a[i]'s lanes, i < N.
+  template <int N>
+  static void reduce_add_n(const V* a, float* out) {
+    for (int i = 0; i < N; ++i) out[i] = _mm512_reduce_add_ps(a[i]);
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // bf16 is the high half of an fp32: widen to 32 bits and shift left by 16.
+  static V load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  // p[0 … 32) as 32-bit words: the even elements are the low halves (shifted up), the odd ones the
+  // high halves (masked) — already fp32 bit patterns.
+  static void load_bf16_pair(const uint16_t* p, V& even, V& odd) {
+    const __m512i w = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+};
+
+#include "cpu/decode_kernels_simd.inl"
+
+}  // namespace
+
+const DecodeKernels kDecodeKernelsAvx512 = {"avx512", 2 * T::kLanes, scores, accumulate};
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,408 @@
+// Attention over a KV cache on mma.sync (sm80 and newer), contiguous or paged, with key splits.
+// One CTA (4 warps): kBlockM packed query rows of one (sequence, KV head) over one split's share of
+// the key tiles the rows see.
+//   load Q rows (rotated in fp32 when rotary tables are given)        -> sQ (kBlockM, kHeadDim)
+//   for each key tile of the split (kStages-deep cp.async ring, each row's page looked up once):
+//     warp (wm, wn): rows [16·wm, +16) against keys [wn·kKeysPerWarp, +kKeysPerWarp) of the tile
+//     S = Q Kᵀ, scale (and softcap) applied before the row maximum, mask, online softmax,
+//     acc = acc·rescale + P V                                          (fp32, registers)
+//   epilogue: the warps' (acc, state) go to shared memory and are merged in warp order
+//   (SoftmaxState::merge_scales); one split: out = acc / row_sum and the LSE; several: the
+//   unnormalized acc and state go to the split scratch for kv_combine_kernel.
+// Two shapes (kWarpsM): decode, kWarpsM = 1 — 16 packed rows (Sq · group <= 16: one query token of
+// a GQA group, speculative steps), the 4 warps splitting each 64-key tile so every warp streams its
+// own keys; prefill, kWarpsM = 4 — 64 packed rows, each warp a 16-row band over the whole tile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/common/quad_reduce.cuh"
+#include "cuda/kvcache/kv_args.hpp"
+#include "cuda/sm80/fragment_softmax.cuh"
+#include "cuda/sm80/mask.cuh"
+#include "cuda/sm80/ptx.cuh"
+#include "cuda/sm80/smem_tile.cuh"
+
+namespace flashattn::cuda::kv {
+
+template <int kHeadDim, int kWarpsM>
+struct KvConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kBlockM = 16 * kWarpsM;  // packed query rows per CTA
+  static constexpr int kBlockN = kWarpsM == 1 || kHeadDim <= 128 ? 64 : 32;  // keys per tile
+  static constexpr int kKeysPerWarp = kBlockN / kWarpsN;
+  static constexpr int kStages = kWarpsM == 1 && kHeadDim <= 128 ? 3 : 2;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  static constexpr int kEpiStride = kHeadDim + 4;  // floats per row of the epilogue's staging
+  static constexpr int kMainBytes = QTile::kBytes + 2 * kStages * KVTile::kBytes;
+  static constexpr int kEpiBytes = kWarps * 16 * (kEpiStride * 4 + 8);
+  static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
+  static_assert(kKeysPerWarp % 16 == 0, "P·V steps over 16 keys");
+  static_assert(kThreads % (kHeadDim / 8) == 0 && kBlockN % (kThreads / (kHeadDim / 8)) == 0,
+                "the tile loader's passes cover whole rows");
+};
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float load_float(const void* p, int64_t i, DType t) {
+  if (t == DType::f16) return __half2float(static_cast<const __half*>(p)[i]);
+  if (t == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// Feature c of the head vector x after the rotary embedding at position pos (features past
+// rotary_dim pass through). Interleaved pairs (2i, 2i+1), else (i, i + rotary_dim/2):
+// x_a' = x_a·cos − x_b·sin, x_b' = x_a·sin + x_b·cos.
+template <class T>
+__device__ __forceinline__ float rotated(const KvArgs& a, const T* x, int c, int64_t pos) {
+  const float xc = ptx::to_float<T>(x[c]);
+  if (c >= a.rotary_dim) return xc;
+  const int half = a.rotary_dim / 2;
+  const bool first = a.rot_interleaved ? (c & 1) == 0 : c < half;
+  const int i = a.rot_interleaved ? c >> 1 : (first ? c : c - half);
+  const int partner = a.rot_interleaved ? c ^ 1 : (first ? c + half : c - half);
+  const float co = load_float(a.rot_cos, pos * a.rot_stride + i, a.rot_dtype);
+  const float si = load_float(a.rot_sin, pos * a.rot_stride + i, a.rot_dtype);
+  const float xp = ptx::to_float<T>(x[partner]);
+  return first ? xc * co - xp * si : xp * si + xc * co;
+}
+
+// Where token t of sequence b starts in a cache with the given (batch or page, row) strides.
+struct CacheRow {
+  int64_t slot, row;  // page (paged) or cache batch row, and the row inside it
+};
+__device__ __forceinline__ CacheRow locate(const KvArgs& a, int b, int cache_b, int t) {
+  if (a.page_size > 0) return {a.block_table[int64_t(b) * a.bt_stride + t / a.page_size], t % a.page_size};
+  return {cache_b, t};
+}
+__device__ __forceinline__ int64_t offset(const CacheRow& r, const Strides& st) {
+  return r.slot * st.batch + r.row * st.row;
+}
+
+__device__ __forceinline__ bool rejected(const KvArgs& a) { return a.invalid != nullptr && *a.invalid != 0; }
+
+template <class T, int kHeadDim, int kWarpsM>
+__global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
+    kv_attend_kernel(const KvArgs a) {
+  using C = KvConfig<kHeadDim, kWarpsM>;
+  using QTile = typename C::QTile;
+  using KVTile = typename C::KVTile;
+  constexpr int kBM = C::kBlockM, kBN = C::kBlockN, kKW = C::kKeysPerWarp, kStages = C::kStages;
+  constexpr int kNT = kKW / 8;       // n8 tiles of a warp's score band
+  constexpr int kDT = kHeadDim / 8;  // n8 tiles of an output band
+  if (rejected(a)) return;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + QTile::kElems;           // kStages × (kBlockN, kHeadDim)
+  T* sV = sK + kStages * KVTile::kElems;
+
+  // blockIdx.x = ((b · heads_kv + hkv) · row_blocks + row block) · splits + split
+  const int row_blocks = (a.rows + kBM - 1) / kBM;
+  int idx = int(blockIdx.x);
+  const int split = idx % a.splits;
+  idx /= a.splits;
+  const int rb = idx % row_blocks;
+  idx /= row_blocks;
+  const int hkv = idx % a.heads_kv, b = idx / a.heads_kv;
+  const int total = a.seqlens[b] + a.seqlen_new;
+  const int cache_b = a.page_size > 0 ? 0 : (a.batch_idx != nullptr ? a.batch_idx[b] : b);
+  const int r0 = rb * kBM, r_end = min(r0 + kBM, a.rows);
+  const int i_first = r0 / a.group, i_last = (r_end - 1) / a.group;  // query tokens of the block
+  const WindowMask mask(a.seqlen_q, total, a.window_left, a.window_right);
+  int key_lo, key_hi;
+  mask.key_range(i_first, i_last + 1, &key_lo, &key_hi);
+  const int t_lo = key_lo / kBN, t_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : t_lo;
+  const int n_begin = t_lo + int(int64_t(t_hi - t_lo) * split / a.splits);
+  const int n_end = t_lo + int(int64_t(t_hi - t_lo) * (split + 1) / a.splits);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  const int band0 = wm * 16, key0 = wn * kKW;
+
+  // Q rows, rotated and stored in the working precision; rows past `rows` and columns past
+  // head_dim are zero.
+  {
+    const T* gq = static_cast<const T*>(a.q);
+    for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
+      const int row = e / kHeadDim, c = e % kHeadDim, r = r0 + row;
+      float x = 0.f;
+      if (r < a.rows && c < a.head_dim) {
+        const int i = r / a.group, h = hkv * a.group + r % a.group;
+        const T* qrow = gq + int64_t(b) * a.q_st.batch + int64_t(i) * a.q_st.row + int64_t(h) * a.q_st.head;
+        x = a.rotary_dim > 0 ? rotated(a, qrow, c, int64_t(a.seqlens[b]) + (a.rot_by_token ? i : 0))
+                             : ptx::to_float<T>(qrow[c]);
+      }
+      sQ[QTile::offset(row, c)] = from_float<T>(x);
+    }
+  }
+
+  // Key tile nb into ring stage `stage`: each thread copies one 16-byte column chunk of kPasses
+  // rows, each row located once for K and V. Tokens past the block's visible range and columns
+  // past head_dim are zero-filled. A paged cache's block-table entries for a tile are read one
+  // tile ahead (fetch_slots), so their latency hides behind a tile of math instead of stalling the
+  // copies.
+  constexpr int kChunks = kHeadDim / 8, kRowsPerPass = C::kThreads / kChunks, kPasses = kBN / kRowsPerPass;
+  const T* gK = static_cast<const T*>(a.k_cache) + int64_t(hkv) * a.k_st.head;
+  const T* gV = static_cast<const T*>(a.v_cache) + int64_t(hkv) * a.v_st.head;
+  const int chunk = tid % kChunks;
+  const bool col_ok = chunk * 8 < a.head_dim;
+  auto fetch_slots = [&](int nb, int (&slot)[kPasses]) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int t = nb * kBN + pass * kRowsPerPass + tid / kChunks;
+      slot[pass] = a.page_size > 0 ? (t < key_hi ? a.block_table[int64_t(b) * a.bt_stride + t / a.page_size] : 0) : cache_b;
+    }
+  };
+  auto load_tile = [&](int nb, int stage, const int (&slot)[kPasses]) {
+    T* dK = sK + stage * KVTile::kElems;
+    T* dV = sV + stage * KVTile::kElems;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = pass * kRowsPerPass + tid / kChunks, t = nb * kBN + row;
+      const bool ok = col_ok && t < key_hi;
+      const T* ks = gK;
+      const T* vs = gV;
+      if (ok) {
+        const CacheRow cr{slot[pass], a.page_size > 0 ? t % a.page_size : t};
+        ks += offset(cr, a.k_st) + chunk * 8;
+        vs += offset(cr, a.v_st) + chunk * 8;
+      }
+      ptx::cp_async_16(dK + KVTile::offset(row, chunk * 8), ks, ok);
+      ptx::cp_async_16(dV + KVTile::offset(row, chunk * 8), vs, ok);
+    }
+  };
+
+  int slots[kPasses];
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (n_begin + s < n_end) {
+      fetch_slots(n_begin + s, slots);
+      load_tile(n_begin + s, s, slots);
+    }
+    ptx::cp_async_commit();
+  }
+  if (n_begin + kStages - 1 < n_end) fetch_slots(n_begin + kStages - 1, slots);
+
+  // This thread's two rows (g and g + 8 of the warp's band): query token and validity.
+  int row_i[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + band0 + g + 8 * half;
+    row_ok[half] = r < a.rows;
+    row_i[half] = r / a.group;
+  }
+
+  float acc_o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
+  RowState st[2];
+
+  for (int nb = n_begin; nb < n_end; ++nb) {
+    const int it = nb - n_begin;
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile nb has landed for every thread; stage (it - 1) % kStages is free
+    if (nb + kStages - 1 < n_end) {
+      load_tile(nb + kStages - 1, (it + kStages - 1) % kStages, slots);
+      if (nb + kStages < n_end) fetch_slots(nb + kStages, slots);  // consumed next iteration
+    }
+    ptx::cp_async_commit();
+    const T* cK = sK + (it % kStages) * KVTile::kElems;
+    const T* cV = sV + (it % kStages) * KVTile::kElems;
+
+    // S = Q Kᵀ over this warp's keys                                   // (16, kKeysPerWarp)
+    float acc_s[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t af[4];
+      ptx::ldmatrix_x4(af, a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t bf[4];
+        ptx::ldmatrix_x4(bf, b_frag_addr<KVTile>(cK, key0 + np * 16, kk * 16, lane));
+        ptx::mma_16816<T>(acc_s[2 * np], af, bf[0], bf[1]);
+        ptx::mma_16816<T>(acc_s[2 * np + 1], af, bf[2], bf[3]);
+      }
+    }
+
+    // log2-unit scores, then the mask where the tile is not wholly visible to the block's rows.
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = acc_s[nt][e];
+        acc_s[nt][e] = a.cap_in != 0.f ? tanhf(x * a.cap_in) * a.score_scale : x * a.score_scale;
+      }
+    const int n0 = nb * kBN;
+    if (!mask.tile_all_visible(i_first, i_last - i_first + 1, n0, kBN)) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e >> 1, j = n0 + key0 + nt * 8 + 2 * t4 + (e & 1);
+          if (!row_ok[half] || !mask.visible(row_i[half], j)) acc_s[nt][e] = -INFINITY;
+        }
+    }
+
+    float rescale[2];
+    softmax_tile(acc_s, st, 1.f, rescale);
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      acc_o[dt][0] *= rescale[0];
+      acc_o[dt][1] *= rescale[0];
+      acc_o[dt][2] *= rescale[1];
+      acc_o[dt][3] *= rescale[1];
+    }
+
+    // acc += P V                                                        // (16, kHeadDim)
+#pragma unroll
+    for (int kk = 0; kk < kKW / 16; ++kk) {
+      uint32_t pf[4];
+      pf[0] = ptx::pack2<T>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      pf[1] = ptx::pack2<T>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      pf[2] = ptx::pack2<T>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      pf[3] = ptx::pack2<T>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        uint32_t bf[4];
+        ptx::ldmatrix_x4_trans(bf, bt_frag_addr<KVTile>(cV, key0 + kk * 16, dp * 16, lane));
+        ptx::mma_16816<T>(acc_o[2 * dp], pf, bf[0], bf[1]);
+        ptx::mma_16816<T>(acc_o[2 * dp + 1], pf, bf[2], bf[3]);
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();  // the ring is drained; its memory becomes the epilogue's staging
+
+  // Epilogue. Staging: per warp, 16 rows of acc (kEpiStride floats) and 16 states.
+  float* e_acc = reinterpret_cast<float*>(smem_raw);
+  float2* e_st = reinterpret_cast<float2*>(e_acc + C::kWarps * 16 * C::kEpiStride);
+  {
+    float* mine = e_acc + warp * 16 * C::kEpiStride;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * C::kEpiStride + dt * 8 + 2 * t4 + (e & 1)] = acc_o[dt][e];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(st[half].row_sum);
+      if (t4 == 0) e_st[warp * 16 + g + 8 * half] = make_float2(st[half].row_max, sum);
+    }
+  }
+  __syncthreads();
+
+  T* gO = static_cast<T*>(a.out);
+  const int64_t grow0 = (int64_t(b) * a.heads_kv + hkv) * a.rows;  // packed row index base
+  for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
+    const int row = e / kHeadDim, c = e % kHeadDim, r = r0 + row;
+    if (r >= a.rows || c >= a.head_dim) continue;
+    const int w0 = (row / 16) * C::kWarpsN, rr = row % 16;
+    RowState s;
+    s.row_max = e_st[w0 * 16 + rr].x;
+    s.row_sum = e_st[w0 * 16 + rr].y;
+    float acc = e_acc[(w0 * 16 + rr) * C::kEpiStride + c];
+#pragma unroll
+    for (int k = 1; k < C::kWarpsN; ++k) {
+      RowState o;
+      o.row_max = e_st[(w0 + k) * 16 + rr].x;
+      o.row_sum = e_st[(w0 + k) * 16 + rr].y;
+      float sa, sb;
+      if (s.merge_scales(o, sa, sb)) acc = acc * sa + e_acc[((w0 + k) * 16 + rr) * C::kEpiStride + c] * sb;
+    }
+    if (a.splits == 1) {
+      const int i = r / a.group, h = hkv * a.group + r % a.group;
+      gO[int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head + c] =
+          from_float<T>(acc * s.inv_sum());
+      if (c == 0 && a.lse != nullptr) a.lse[int64_t(b) * a.lse_batch + int64_t(h) * a.lse_head + int64_t(i) * a.lse_row] = s.lse();
+    } else {
+      const int64_t slot = (grow0 + r) * a.splits + split;
+      a.part[slot * a.head_dim + c] = acc;
+      if (c == 0) a.part_state[slot] = make_float2(s.row_max, s.row_sum);
+    }
+  }
+}
+
+// Merges the splits of one packed row per warp, in split order, and writes out and the LSE.
+template <class T>
+__global__ void __launch_bounds__(128) kv_combine_kernel(const KvArgs a) {
+  constexpr int kMaxPerLane = 256 / 32;
+  if (rejected(a)) return;
+  const int64_t grow = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (grow >= int64_t(a.batch) * a.heads_kv * a.rows) return;
+  const int r = int(grow % a.rows), hkv = int((grow / a.rows) % a.heads_kv), b = int(grow / (int64_t(a.rows) * a.heads_kv));
+  const float2* st = a.part_state + grow * a.splits;
+  const float* acc = a.part + grow * a.splits * a.head_dim;
+  RowState s;
+  s.row_max = st[0].x;
+  s.row_sum = st[0].y;
+  float o[kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int c = lane + 32 * k;
+    o[k] = c < a.head_dim ? acc[c] : 0.f;
+  }
+  for (int sp = 1; sp < a.splits; ++sp) {
+    RowState other;
+    other.row_max = st[sp].x;
+    other.row_sum = st[sp].y;
+    float sa, sb;
+    if (!s.merge_scales(other, sa, sb)) continue;
+#pragma unroll
+    for (int k = 0; k < kMaxPerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c < a.head_dim) o[k] = o[k] * sa + acc[int64_t(sp) * a.head_dim + c] * sb;
+    }
+  }
+  const int i = r / a.group, h = hkv * a.group + r % a.group;
+  T* gO = static_cast<T*>(a.out) + int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head;
+  const float inv = s.inv_sum();
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int c = lane + 32 * k;
+    if (c < a.head_dim) gO[c] = from_float<T>(o[k] * inv);
+  }
+  if (lane == 0 && a.lse != nullptr) a.lse[int64_t(b) * a.lse_batch + int64_t(h) * a.lse_head + int64_t(i) * a.lse_row] = s.lse();
+}
+
+// The new tokens into the cache, one warp per (sequence, token, KV head): keys rotated in fp32 at
+// their absolute positions and rounded once, values copied.
+template <class T>
+__global__ void __launch_bounds__(128) kv_append_kernel(const KvArgs a) {
+  if (rejected(a)) return;
+  const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b · seqlen_new + j) · heads_kv + h
+  const int lane = threadIdx.x % 32;
+  if (item >= int64_t(a.batch) * a.seqlen_new * a.heads_kv) return;
+  const int h = int(item % a.heads_kv), j = int((item / a.heads_kv) % a.seqlen_new);
+  const int b = int(item / (int64_t(a.heads_kv) * a.seqlen_new));
+  const int t = a.seqlens[b] + j;
+  const CacheRow cr = locate(a, b, a.batch_idx != nullptr ? a.batch_idx[b] : b, t);
+  const T* kn = static_cast<const T*>(a.k_new) + int64_t(b) * a.kn_st.batch + int64_t(j) * a.kn_st.row + int64_t(h) * a.kn_st.head;
+  const T* vn = static_cast<const T*>(a.v_new) + int64_t(b) * a.vn_st.batch + int64_t(j) * a.vn_st.row + int64_t(h) * a.vn_st.head;
+  T* kd = static_cast<T*>(a.k_cache) + offset(cr, a.k_st) + int64_t(h) * a.k_st.head;
+  T* vd = static_cast<T*>(a.v_cache) + offset(cr, a.v_st) + int64_t(h) * a.v_st.head;
+  for (int c = lane; c < a.head_dim; c += 32) {
+    kd[c] = a.rotary_dim > 0 ? from_float<T>(rotated(a, kn, c, t)) : kn[c];
+    vd[c] = vn[c];
+  }
+}
+
+}  // namespace flashattn::cuda::kv

@@ -158,7 +158,7 @@ fa::Tensor to_lse(const char* name, const A& a, const Where& ref) {
 }
 
 // An int32 array of `ndim` dimensions with a contiguous last dimension, on q's device (host memory
-// for the CPU backend): cache_seqlens and cache_batch_idx (batch), block_table (batch, max_pages).
+// for the CPU backend): seqused_k, cache_seqlens and cache_batch_idx (batch), block_table (batch, max_pages).
 const int32_t* to_int32(const char* name, const InArray& a, size_t ndim, const Where& ref, const char* layout) {
   const nb::dlpack::dtype dt = a.dtype();
   if (!(dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Int)))
@@ -221,12 +221,14 @@ struct PyOptions {
   double softcap = 0;
   std::optional<InArray> cu_seqlens_q, cu_seqlens_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
+  std::optional<InArray> seqused_k;
   std::string algorithm = "flash";
   bool deterministic = false;
   uintptr_t stream = 0;
 };
 
-fa::Options to_options(const PyOptions& o, const Where& ref) {
+// q_batch: q's shape[0] (the number of sequences without cu_seqlens).
+fa::Options to_options(const PyOptions& o, const Where& ref, int64_t q_batch) {
   fa::Options opt;
   opt.scale = float(o.scale);
   opt.causal = o.causal;
@@ -242,6 +244,13 @@ fa::Options to_options(const PyOptions& o, const Where& ref) {
   opt.varlen_batch = o.cu_seqlens_q ? int(o.cu_seqlens_q->shape(0)) - 1 : 0;
   opt.max_seqlen_q = o.max_seqlen_q;
   opt.max_seqlen_k = o.max_seqlen_k;
+  if (o.seqused_k) {  // one entry per sequence; the library checks the values
+    const int64_t batch = o.cu_seqlens_q ? int64_t(opt.varlen_batch) : q_batch;
+    opt.seqused_k = to_int32("seqused_k", *o.seqused_k, 1, ref, "(batch)");
+    if (int64_t(o.seqused_k->shape(0)) != batch)
+      throw ValueErr("seqused_k: expected " + std::to_string(batch) + " entries (one per sequence), got " +
+                     std::to_string(o.seqused_k->shape(0)));
+  }
   opt.algorithm = to_algorithm(o.algorithm);
   opt.deterministic = o.deterministic;
   opt.stream = reinterpret_cast<void*>(o.stream);
@@ -257,7 +266,7 @@ void forward(const InArray& q, const InArray& k, const InArray& v, const OutArra
   const fa::Tensor to = to_tensor("out", out, uint16_is_bf16, &ref, "q");
   std::optional<fa::Tensor> tl;
   if (lse) tl = to_lse("lse", *lse, ref);
-  const fa::Options opt = to_options(o, ref);
+  const fa::Options opt = to_options(o, ref, tq.shape[0]);
   nb::gil_scoped_release release;
   fa::forward(tq, tk, tv, to, tl ? &*tl : nullptr, opt);
 }
@@ -275,9 +284,20 @@ void backward(const InArray& q, const InArray& k, const InArray& v, const InArra
   const fa::Tensor tdq = to_tensor("dq", dq, uint16_is_bf16, &ref, "q");
   const fa::Tensor tdk = to_tensor("dk", dk, uint16_is_bf16, &ref, "q");
   const fa::Tensor tdv = to_tensor("dv", dv, uint16_is_bf16, &ref, "q");
-  const fa::Options opt = to_options(o, ref);
+  const fa::Options opt = to_options(o, ref, tq.shape[0]);
   nb::gil_scoped_release release;
   fa::backward(tq, tk, tv, to, tdo, tl, tdq, tdk, tdv, opt);
+}
+
+void merge_partial(const OutArray& out_acc, const OutArray& lse_acc, const InArray& part, const InArray& lse_part,
+                   bool uint16_is_bf16, uintptr_t stream) {
+  const fa::Tensor to = to_tensor("out_acc", out_acc, uint16_is_bf16, nullptr, nullptr);
+  const Where ref{to.device, to.device == fa::Device::cuda ? out_acc.device_id() : 0};
+  const fa::Tensor tp = to_tensor("part", part, uint16_is_bf16, &ref, "out_acc");
+  const fa::Tensor tl = to_lse("lse_acc", lse_acc, ref);
+  const fa::Tensor tlp = to_lse("lse_part", lse_part, ref);
+  nb::gil_scoped_release release;
+  fa::merge_partial(to, tl, tp, tlp, reinterpret_cast<void*>(stream));
 }
 
 }  // namespace
@@ -314,8 +334,8 @@ NB_MODULE(_flashattn, m) {
   // Options as keyword-only arguments (defaults as in flashattn::Options).
   auto opts = [](double scale, bool causal, int window_left, int window_right, double softcap,
                  std::optional<InArray> cu_seqlens_q, std::optional<InArray> cu_seqlens_k,
-                 int max_seqlen_q, int max_seqlen_k, std::string algorithm, bool deterministic,
-                 uintptr_t stream) {
+                 int max_seqlen_q, int max_seqlen_k, std::optional<InArray> seqused_k, std::string algorithm,
+                 bool deterministic, uintptr_t stream) {
     PyOptions o;
     o.scale = scale;
     o.causal = causal;
@@ -326,6 +346,7 @@ NB_MODULE(_flashattn, m) {
     o.cu_seqlens_k = std::move(cu_seqlens_k);
     o.max_seqlen_q = max_seqlen_q;
     o.max_seqlen_k = max_seqlen_k;
+    o.seqused_k = std::move(seqused_k);
     o.algorithm = std::move(algorithm);
     o.deterministic = deterministic;
     o.stream = stream;
@@ -338,11 +359,12 @@ NB_MODULE(_flashattn, m) {
              const std::optional<OutArray>& lse, double scale, bool causal, int window_left,
              int window_right, double softcap, std::optional<InArray> cu_seqlens_q,
              std::optional<InArray> cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
-             std::string algorithm, bool deterministic, uintptr_t stream, bool uint16_is_bf16) {
+             std::optional<InArray> seqused_k, std::string algorithm, bool deterministic, uintptr_t stream,
+             bool uint16_is_bf16) {
         forward(q, k, v, out, lse, uint16_is_bf16,
                 opts(scale, causal, window_left, window_right, softcap, std::move(cu_seqlens_q),
-                     std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(algorithm),
-                     deterministic, stream));
+                     std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(seqused_k),
+                     std::move(algorithm), deterministic, stream));
       },
       nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
       nb::arg("out").noconvert(), nb::arg("lse").noconvert().none(), nb::kw_only(),
@@ -350,9 +372,13 @@ NB_MODULE(_flashattn, m) {
       nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
       nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
       nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q") = 0,
-      nb::arg("max_seqlen_k") = 0, nb::arg("algorithm") = "flash",
-      nb::arg("deterministic") = false, nb::arg("stream") = 0, nb::arg("uint16_is_bf16") = false,
-      "Writes out (and lse when given) in place. Arrays (B, S, H, D); lse (B, H, Sq) float32.");
+      nb::arg("max_seqlen_k") = 0, nb::arg("seqused_k").noconvert().none() = nb::none(),
+      nb::arg("algorithm") = "flash", nb::arg("deterministic") = false, nb::arg("stream") = 0,
+      nb::arg("uint16_is_bf16") = false,
+      "Writes out (and lse when given) in place. Arrays (B, S, H, D); lse (B, H, Sq) float32. seqused_k: "
+      "None, or int32 (batch,) on q's device: sequence b attends to its first seqused_k[b] keys only (the "
+      "rest is padding, never read; causal and window align to seqused_k[b]). The CPU backend only: CUDA "
+      "raises UnsupportedError.");
 
   m.def(
       "backward",
@@ -361,11 +387,12 @@ NB_MODULE(_flashattn, m) {
              const OutArray& dv, double scale, bool causal, int window_left, int window_right,
              double softcap, std::optional<InArray> cu_seqlens_q,
              std::optional<InArray> cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
-             std::string algorithm, bool deterministic, uintptr_t stream, bool uint16_is_bf16) {
+             std::optional<InArray> seqused_k, std::string algorithm, bool deterministic, uintptr_t stream,
+             bool uint16_is_bf16) {
         backward(q, k, v, out, dout, lse, dq, dk, dv, uint16_is_bf16,
                  opts(scale, causal, window_left, window_right, softcap, std::move(cu_seqlens_q),
-                      std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(algorithm),
-                      deterministic, stream));
+                      std::move(cu_seqlens_k), max_seqlen_q, max_seqlen_k, std::move(seqused_k),
+                      std::move(algorithm), deterministic, stream));
       },
       nb::arg("q").noconvert(), nb::arg("k").noconvert(), nb::arg("v").noconvert(),
       nb::arg("out").noconvert(), nb::arg("dout").noconvert(), nb::arg("lse").noconvert(),
@@ -374,9 +401,11 @@ NB_MODULE(_flashattn, m) {
       nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
       nb::arg("cu_seqlens_q").noconvert().none() = nb::none(),
       nb::arg("cu_seqlens_k").noconvert().none() = nb::none(), nb::arg("max_seqlen_q") = 0,
-      nb::arg("max_seqlen_k") = 0, nb::arg("algorithm") = "flash",
-      nb::arg("deterministic") = false, nb::arg("stream") = 0, nb::arg("uint16_is_bf16") = false,
-      "Writes dq, dk, dv in place.");
+      nb::arg("max_seqlen_k") = 0, nb::arg("seqused_k").noconvert().none() = nb::none(),
+      nb::arg("algorithm") = "flash", nb::arg("deterministic") = false, nb::arg("stream") = 0,
+      nb::arg("uint16_is_bf16") = false,
+      "Writes dq, dk, dv in place. seqused_k: as forward's (the same array the forward took); the dk, dv rows "
+      "past seqused_k[b] are written as zeros.");
   m.def(
       "forward_kvcache",
       [](const InArray& q, const OutArray& k_cache, const OutArray& v_cache, const OutArray& out,
@@ -385,7 +414,7 @@ NB_MODULE(_flashattn, m) {
          const std::optional<InArray>& rotary_sin, const std::optional<InArray>& cache_batch_idx,
          const std::optional<InArray>& block_table, double scale, bool causal, int window_left,
          int window_right, double softcap, bool rotary_interleaved, int num_splits, uintptr_t stream,
-         bool uint16_is_bf16) {
+         bool check_on_device, bool uint16_is_bf16) {
         const fa::Tensor tq = to_tensor("q", q, uint16_is_bf16, nullptr, nullptr);
         const Where w{tq.device, q.device_id()};
         fa::KVCache c;
@@ -416,6 +445,7 @@ NB_MODULE(_flashattn, m) {
         o.rotary_interleaved = rotary_interleaved;
         o.num_splits = num_splits;
         o.stream = reinterpret_cast<void*>(stream);
+        o.check_on_device = check_on_device;
         fa::Tensor tk, tv, tcos, tsin, tlse;
         if (k.has_value() != v.has_value()) throw ValueErr(k ? "v: expected it with k" : "k: expected it with v");
         if (k) {
@@ -446,10 +476,17 @@ NB_MODULE(_flashattn, m) {
       nb::arg("block_table").noconvert().none() = nb::none(), nb::arg("scale") = 0.0, nb::arg("causal") = false,
       nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0,
       nb::arg("rotary_interleaved") = true, nb::arg("num_splits") = 0, nb::arg("stream") = 0,
-      nb::arg("uint16_is_bf16") = false,
+      nb::arg("check_on_device") = false, nb::arg("uint16_is_bf16") = false,
       "Appends k/v to the cache in place (rotated with the tables), then writes out (and lse) in place: "
-      "attention of q over each sequence's first cache_seqlens[b] + S_new cached tokens.");
+      "attention of q over each sequence's first cache_seqlens[b] + S_new cached tokens. check_on_device "
+      "(CUDA): lengths and pages checked by a kernel (no synchronization; out-of-range values write nothing "
+      "and raise nothing) instead of on the host.");
 
+  m.def("merge_partial", &merge_partial, nb::arg("out_acc").noconvert(), nb::arg("lse_acc").noconvert(),
+        nb::arg("part").noconvert(), nb::arg("lse_part").noconvert(), nb::arg("uint16_is_bf16") = false,
+        nb::arg("stream") = 0,
+        "Merges (part, lse_part) into the float32 accumulator (out_acc, lse_acc) in place: the union of "
+        "two partial attention results over disjoint keys. Arrays (B, S, H, D); LSEs (B, H, S) float32.");
   m.def("cuda_available", &fa::cuda_available,
         "True when this build holds the CUDA backend and a CUDA device is present.");
   m.def("build_info", &fa::build_info, "What this build holds (backends, architectures).");

@@ -4,6 +4,7 @@ import pytest
 
 import flashattn
 import reference as ref
+from tolerances import grad_tol, tol
 
 try:
     import ml_dtypes
@@ -15,8 +16,8 @@ except ImportError:  # pragma: no cover
 # Per dtype: tolerance (atol = rtol) against the float64 reference computed from the same
 # (rounded) inputs. f32: fp32 accumulation; f16/bf16: output rounding plus P rounded to the
 # working precision before P @ V (flash and standard both may), ~4 ulps of the format.
-TOL = {np.float32: 2e-5, np.float16: 4e-3, "bf16": 3e-2}
-GRAD_TOL = {np.float32: 5e-5, np.float16: 1e-2, "bf16": 6e-2}
+TOL = {dt: tol(dt) for dt in (np.float32, np.float16, "bf16")}
+GRAD_TOL = {dt: grad_tol(dt) for dt in (np.float32, np.float16, "bf16")}
 DTYPES = [np.float32, np.float16, pytest.param("bf16", marks=pytest.mark.skipif(BF16 is None, reason="ml_dtypes not installed"))]
 
 

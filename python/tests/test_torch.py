@@ -12,14 +12,13 @@ import torch.nn.functional as F  # noqa: E402
 
 import flashattn  # noqa: E402
 from flashattn.torch import flash_attn_func, flash_attn_varlen_func, sdpa  # noqa: E402
+from tolerances import grad_tol, tol, torch_devices  # noqa: E402
 
-DEVICES = ["cpu"]
-if torch.cuda.is_available() and flashattn.cuda_available():
-    DEVICES.append("cuda")
+DEVICES = torch_devices()
 
-# Per dtype (atol = rtol) against float64 PyTorch on the same rounded inputs; see test_numpy.py.
-TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-GRAD_TOL = {torch.float32: 5e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+# Per dtype (atol = rtol) against float64 PyTorch on the same rounded inputs (tolerances.py).
+TOL = {dt: tol(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
+GRAD_TOL = {dt: grad_tol(dt) for dt in (torch.float32, torch.float16, torch.bfloat16)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

@@ -245,11 +245,13 @@ struct Dims {
   Device device;
   int64_t heads, heads_kv, head_dim, page_size;  // page_size 0: contiguous
   bool append;
+  bool pages_in_order;
 };
 
 // One shape's buffers on the device: q (B, 1, H, d) and the cache, fresh N(0, 1) values; out
 // poisoned with NaN; cache_seqlens = len (len − 1 with --append, the new token making it len);
-// a paged cache has each sequence's ⌈len / P⌉ pages drawn from a random permutation of all pages.
+// a paged cache has each sequence's ⌈len / P⌉ pages drawn from a random permutation of all pages
+// (--pages-in-order: sequence b's pages are b·⌈len / P⌉, +1, ...).
 struct Case {
   int64_t batch = 0, len = 0, pages_per_seq = 0;
   Buffer q, out, k, v, k_new, v_new, seqlens, block_table;
@@ -282,7 +284,7 @@ struct Case {
       const int64_t pages = s.batch * pages_per_seq;
       table.resize(size_t(pages));
       std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng);
+      if (!d.pages_in_order) std::shuffle(table.begin(), table.end(), rng);
       block_table = Buffer(d.device, table.size() * sizeof(int32_t));
       block_table.upload(table.data(), table.size() * sizeof(int32_t));
       cache.k = make_tensor(k.data(), d.dtype, {pages, d.page_size, d.heads_kv, d.head_dim}, d.device);
@@ -426,7 +428,7 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
 
 int run_decode(const DecodeArgs& a, std::ostream& os) {
   const Device device = parse_device(a.device);
-  Dims d{parse_dtype(a.dtype, device), device, a.heads, a.heads_kv, a.head_dim, a.page_size, a.append};
+  Dims d{parse_dtype(a.dtype, device), device, a.heads, a.heads_kv, a.head_dim, a.page_size, a.append, a.pages_in_order};
   if (a.heads < 1) fail("--heads", ">= 1", std::to_string(a.heads));
   if (a.heads_kv < 1 || a.heads % a.heads_kv != 0)
     fail("--heads-kv", "a divisor of --heads " + std::to_string(a.heads), std::to_string(a.heads_kv));
@@ -464,7 +466,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
 
   const size_t e = element_size(d.dtype);
   const bool gpu = device == Device::cuda;
-  const std::string layout = d.page_size > 0 ? "paged " + std::to_string(d.page_size) : "contiguous";
+  const std::string layout = d.page_size > 0 ? "paged " + std::to_string(d.page_size) + (d.pages_in_order ? ", pages in order" : ", pages shuffled") : "contiguous";
   if (a.json) {
     os << "[\n";
   } else {

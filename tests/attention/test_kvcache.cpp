@@ -366,6 +366,12 @@ std::vector<KvCase> cases() {
     c.name = "splits_" + std::to_string(s);
     add(c);
   }
+  // One split over more pages than the CUDA kernel's shared-memory window of the block table
+  // (256 entries): the window is refilled as the tiles pass its end.
+  { KvCase c; c.name = "page_1_window_refills_bf16"; c.H = 8; c.Hkv = 2; c.d = 64; c.dtype = DType::bf16; c.page = 1;
+    c.lens = {700, 300}; c.capacity = 768; c.S_new = 1; c.splits = 1; v.push_back(c); }
+  { KvCase c; c.name = "page_3_prefill_window_refills_f16"; c.H = 8; c.Hkv = 2; c.d = 64; c.dtype = DType::f16; c.page = 3;
+    c.Sq = 20; c.S_new = 20; c.causal = true; c.lens = {900, 5}; c.capacity = 960; c.splits = 1; v.push_back(c); }
   return v;
 }
 

@@ -143,6 +143,7 @@ TEST(MergePartial, TwoKeyRangesEqualOneCall) {
     if (skip_without_device(dev)) continue;
     for (DType t : {DType::f32, DType::bf16})
       for (bool causal : {false, true}) {
+        if (dev == Device::cuda && t == DType::f32) continue;  // the CUDA flash kernels are 16-bit only
         SCOPED_TRACE(std::string(flashattn::to_string(dev)) + " " + dtype_name(t) + (causal ? " causal" : ""));
         const int64_t B = 2, Nq = 37, Nk = 300, split = 283, H = 4, Hkv = 2, d = 64;
         std::mt19937_64 rng(test_seed());

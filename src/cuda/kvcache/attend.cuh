@@ -2,7 +2,8 @@
 // One CTA (4 warps): kBlockM packed query rows of one (sequence, KV head) over one split's share of
 // the key tiles the rows see.
 //   load Q rows (rotated in fp32 when rotary tables are given)        -> sQ (kBlockM, kHeadDim)
-//   for each key tile of the split (kStages-deep cp.async ring, each row's page looked up once):
+//   for each key tile of the split (kStages-deep cp.async ring; pages from a shared-memory window
+//   of the block table):
 //     warp (wm, wn): rows [16·wm, +16) against keys [wn·kKeysPerWarp, +kKeysPerWarp) of the tile
 //     S = Q Kᵀ, scale (and softcap) applied before the row maximum, mask, online softmax,
 //     acc = acc·rescale + P V                                          (fp32, registers)
@@ -150,22 +151,32 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 
   // Key tile nb into ring stage `stage`: each thread copies one 16-byte column chunk of kPasses
   // rows, each row located once for K and V. Tokens past the block's visible range and columns
-  // past head_dim are zero-filled. A paged cache's block-table entries for a tile are read one
-  // tile ahead (fetch_slots), so their latency hides behind a tile of math instead of stalling the
-  // copies.
+  // past head_dim are zero-filled. A paged cache's pages come from a window of the sequence's
+  // block-table row in shared memory (s_pages: entries [win0, win0 + kTablePages)), refilled by the
+  // whole CTA when the next tile to load passes its end: one global-memory latency per refill
+  // instead of a dependent block-table load before every tile's copies.
   constexpr int kChunks = kHeadDim / 8, kRowsPerPass = C::kThreads / kChunks, kPasses = kBN / kRowsPerPass;
+  constexpr int kTablePages = 256;
+  static_assert(kBN + 1 <= kTablePages, "a tile's pages fit the window");
+  __shared__ int s_pages[kTablePages];
+  const bool paged = a.page_size > 0;
+  const int32_t* bt = paged ? a.block_table + int64_t(b) * a.bt_stride : nullptr;
+  const int last_page = paged && key_hi > 0 ? (key_hi - 1) / a.page_size : 0;
+  int win0 = 0;
+  auto fill_window = [&](int first) {  // every thread, then __syncthreads before a read
+    win0 = first;
+    for (int i = tid; i < kTablePages; i += C::kThreads) s_pages[i] = first + i <= last_page ? bt[first + i] : 0;
+  };
+  // Whether tile nb's last visible token lies past the window (uniform over the CTA).
+  auto past_window = [&](int nb) {
+    const int t_last = min((nb + 1) * kBN, key_hi) - 1;
+    return paged && t_last / a.page_size >= win0 + kTablePages;
+  };
   const T* gK = static_cast<const T*>(a.k_cache) + int64_t(hkv) * a.k_st.head;
   const T* gV = static_cast<const T*>(a.v_cache) + int64_t(hkv) * a.v_st.head;
   const int chunk = tid % kChunks;
   const bool col_ok = chunk * 8 < a.head_dim;
-  auto fetch_slots = [&](int nb, int (&slot)[kPasses]) {
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int t = nb * kBN + pass * kRowsPerPass + tid / kChunks;
-      slot[pass] = a.page_size > 0 ? (t < key_hi ? a.block_table[int64_t(b) * a.bt_stride + t / a.page_size] : 0) : cache_b;
-    }
-  };
-  auto load_tile = [&](int nb, int stage, const int (&slot)[kPasses]) {
+  auto load_tile = [&](int nb, int stage) {
     T* dK = sK + stage * KVTile::kElems;
     T* dV = sV + stage * KVTile::kElems;
 #pragma unroll
@@ -175,7 +186,11 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       const T* ks = gK;
       const T* vs = gV;
       if (ok) {
-        const CacheRow cr{slot[pass], a.page_size > 0 ? t % a.page_size : t};
+        CacheRow cr{cache_b, t};
+        if (paged) {  // shifts for a power-of-two page size: a division costs tens of instructions
+          const int pg = a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
+          cr = CacheRow{s_pages[pg - win0], t - pg * a.page_size};
+        }
         ks += offset(cr, a.k_st) + chunk * 8;
         vs += offset(cr, a.v_st) + chunk * 8;
       }
@@ -184,16 +199,22 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     }
   };
 
-  int slots[kPasses];
+  if (paged && n_begin < n_end) {
+    fill_window(n_begin * kBN / a.page_size);
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (n_begin + s < n_end) {
-      fetch_slots(n_begin + s, slots);
-      load_tile(n_begin + s, s, slots);
+      if (past_window(n_begin + s)) {  // only with more pages per tile than kTablePages / kStages
+        __syncthreads();
+        fill_window((n_begin + s) * kBN / a.page_size);
+        __syncthreads();
+      }
+      load_tile(n_begin + s, s);
     }
     ptx::cp_async_commit();
   }
-  if (n_begin + kStages - 1 < n_end) fetch_slots(n_begin + kStages - 1, slots);
 
   // This thread's two rows (g and g + 8 of the warp's band): query token and validity.
   int row_i[2];
@@ -217,8 +238,11 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile nb has landed for every thread; stage (it - 1) % kStages is free
     if (nb + kStages - 1 < n_end) {
-      load_tile(nb + kStages - 1, (it + kStages - 1) % kStages, slots);
-      if (nb + kStages < n_end) fetch_slots(nb + kStages, slots);  // consumed next iteration
+      if (past_window(nb + kStages - 1)) {  // no thread reads s_pages between the barriers
+        fill_window((nb + kStages - 1) * kBN / a.page_size);
+        __syncthreads();
+      }
+      load_tile(nb + kStages - 1, (it + kStages - 1) % kStages);
     }
     ptx::cp_async_commit();
     const T* cK = sK + (it % kStages) * KVTile::kElems;

@@ -32,6 +32,7 @@ struct KvArgs {
   const int32_t* block_table = nullptr;
   int64_t bt_stride = 0;
   int page_size = 0;  // 0: contiguous
+  int page_shift = -1;  // log2(page_size) for a power of two, else -1 (divisions then)
 
   // New tokens appended before attending (seqlen_new = 0: none).
   int seqlen_new = 0;

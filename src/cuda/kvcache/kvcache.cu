@@ -39,6 +39,9 @@ KvArgs make_kv_args(const detail::KVParams& p) {
   a.block_table = p.block_table;
   a.bt_stride = p.block_table_stride;
   a.page_size = p.paged ? int(p.cache_rows) : 0;
+  if (a.page_size > 0 && (a.page_size & (a.page_size - 1)) == 0)
+    for (a.page_shift = 0; (1 << a.page_shift) < a.page_size; ++a.page_shift) {
+    }
   a.seqlen_new = int(p.seqlen_new);
   a.k_new = p.k_new.data;
   a.v_new = p.v_new.data;

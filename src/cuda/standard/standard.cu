@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
 #include "core/params.hpp"
@@ -133,16 +132,27 @@ __global__ void fill_lse_kernel(float* lse, int64_t head_stride, int64_t row_str
 
 unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
+// One cuBLAS handle per (host thread, device): a handle holds its stream, so threads sharing one
+// would set each other's streams between cublasSetStream and the GEMMs (cuBLAS's documentation
+// asks for a handle per thread; a shared handle failed with CUBLAS_STATUS_INTERNAL_ERROR under six
+// threads on six streams, tests/attention/test_cuda_determinism.cpp). Destroyed at thread exit.
+struct ThreadHandles {
+  std::vector<cublasHandle_t> per_device;
+  ~ThreadHandles() {
+    for (cublasHandle_t h : per_device)
+      if (h) cublasDestroy(h);  // at process exit the context may be gone already: ignored
+  }
+};
+
 cublasHandle_t handle_for(cudaStream_t stream) {
-  static std::mutex mu;
-  static std::vector<cublasHandle_t> handles;  // one per device
+  thread_local ThreadHandles handles;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  if (int(handles.size()) <= dev) handles.resize(dev + 1, nullptr);
-  if (!handles[dev]) check_cublas(cublasCreate(&handles[dev]), "cublasCreate");
-  check_cublas(cublasSetStream(handles[dev], stream), "cublasSetStream");
-  return handles[dev];
+  if (int(handles.per_device.size()) <= dev) handles.per_device.resize(dev + 1, nullptr);
+  cublasHandle_t& h = handles.per_device[size_t(dev)];
+  if (!h) check_cublas(cublasCreate(&h), "cublasCreate");
+  check_cublas(cublasSetStream(h, stream), "cublasSetStream");
+  return h;
 }
 
 template <class T> cudaDataType_t data_type();

@@ -9,6 +9,8 @@
 //   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K         (scale folded in at the stores)
 // P is exp(S − LSE) with the LSE and D with the O the caller passes: a caller that splits the keys
 // (a ring's blocks) passes the whole row's LSE and O and gets its block's share of the gradients.
+// With a 16-bit O, a row whose whole softmax lies in one key tile takes D = Σ P·dP from the tile
+// (see backward_step).
 //
 // Threading and determinism (no atomics; bitwise identical for any thread count or schedule):
 // work unit = (batch, KV head, key chunk c). The key tiles of a (batch, KV head) pair are dealt
@@ -28,6 +30,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -93,10 +96,20 @@ void backward_step(const detail::Params& p, const TileKernels& tk, const detail:
   if (capped)
     for (int r = 0; r < mq; ++r) tk.softcap(sS + r * BN, nk, p.softcap, kLog2e, sT + r * BN);
   mask_tile(w.range.data(), mq, j0, nk, sS, BN);
+  // A 16-bit O carries its own rounding (2^-9 relative for bf16) into D = dO·O. A row whose visible
+  // keys all lie in this tile and whose P, from the given LSE, sums to 1 within kWholeRow holds
+  // its whole softmax here: it takes D = Σ_j P_j·dP_j from the tile instead, the same quantity
+  // without O's rounding. A caller that passes the LSE of a larger key set (a ring's block) sees
+  // a sum short of 1 by the other keys' share and keeps D from O, unless that share is below
+  // kWholeRow, where the two D differ by less than O's own rounding.
+  const bool wide_o = p.dtype != DType::f32;
+  constexpr float kWholeRow = 0x1p-12f;
+  float row_sum[BwdTiles::kBlockM];
   for (int r = 0; r < mq; ++r) {
     float* row = sS + r * BN;
+    row_sum[r] = 0.0f;
     if (lse2[r] == -std::numeric_limits<float>::infinity()) std::fill(row, row + nk, 0.0f);  // row sees no key
-    else tk.exp2_sum(row, nk, lse2[r]);
+    else row_sum[r] = tk.exp2_sum(row, nk, lse2[r]);
   }
   tk.gemm(mq, nk_pad, d, dout, d_pad, 1, w.vt.data(), BN, sdS, BN, nullptr, false);
   for (int r = 0; r < mq; ++r) {
@@ -106,9 +119,13 @@ void backward_step(const detail::Params& p, const TileKernels& tk, const detail:
     // summation order would leave an fp32 residue that dK sums over every row seeing the key.
     // Otherwise (O from a larger key set, as a ring's block passes it) dS follows the same formula.
     const KeyRange kr = w.range[r];
-    if (kr.hi - kr.lo == 1 && kr.lo >= j0 && kr.hi <= j0 + nk)
+    const bool in_tile = kr.lo >= j0 && kr.hi <= j0 + nk;
+    float D = dsum[r];
+    if (in_tile && kr.hi - kr.lo == 1)
       sdS[r * BN + (kr.lo - j0)] = tk.dot(dout + r * d_pad, w.vtmp.data() + (kr.lo - j0) * d_pad, d);
-    tk.dsoftmax(sS + r * BN, sdS + r * BN, dsum[r], sT ? sT + r * BN : nullptr, nk, sdS + r * BN);
+    else if (in_tile && wide_o && std::abs(row_sum[r] - 1.0f) <= kWholeRow)
+      D = tk.dot(sS + r * BN, sdS + r * BN, nk);
+    tk.dsoftmax(sS + r * BN, sdS + r * BN, D, sT ? sT + r * BN : nullptr, nk, sdS + r * BN);
   }
 
   // dV += Pᵀ dO and dK += dSᵀ Q: (nk, d_pad), A read through the transposed view (rsa 1, csa BN).

@@ -466,7 +466,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
 
   const size_t e = element_size(d.dtype);
   const bool gpu = device == Device::cuda;
-  const std::string layout = d.page_size > 0 ? "paged " + std::to_string(d.page_size) + (d.pages_in_order ? ", pages in order" : ", pages shuffled") : "contiguous";
+  const std::string layout = d.page_size > 0 ? "paged " + std::to_string(d.page_size) + (d.pages_in_order ? " (pages in order)" : "") : "contiguous";
   if (a.json) {
     os << "[\n";
   } else {

@@ -325,7 +325,9 @@ class _Ring(torch.autograd.Function):
                 _wait(reqs)
                 kv, buf = buf, kv
         out = acc.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, acc_lse)
+        # The backward's D = rowsum(dO ∘ O) takes the fp32 accumulator, not the output rounded to
+        # q's dtype: on the CPU the blocks run in fp32 and would otherwise carry O's 16-bit rounding.
+        ctx.save_for_backward(q, k, v, acc, acc_lse)
         ctx.args = (group, layout, causal, scale, window_left, window_right, softcap)
         return out
 

@@ -95,6 +95,7 @@ struct DecodeArgs {
   int splits = 0;                   // 0 = the library's choice
   bool append = false;              // each call also appends one new token (cache_seqlens = len - 1)
   bool pages_in_order = false;      // --pages-in-order: a paged cache's block table 0, 1, 2, ... (else shuffled)
+  bool heads_first = false;         // --heads-first: each KV head's rows contiguous ((B, Hkv, N, d) or (pages, Hkv, P, d))
   int reps = 10;
   int check_rows = 4;               // sampled (sequence, head) rows checked against float64 (0 = off)
   bool json = false;

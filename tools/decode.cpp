@@ -246,6 +246,7 @@ struct Dims {
   int64_t heads, heads_kv, head_dim, page_size;  // page_size 0: contiguous
   bool append;
   bool pages_in_order;
+  bool heads_first;  // each KV head's rows contiguous in a batch row or page
 };
 
 // One shape's buffers on the device: q (B, 1, H, d) and the cache, fresh N(0, 1) values; out
@@ -287,13 +288,13 @@ struct Case {
       if (!d.pages_in_order) std::shuffle(table.begin(), table.end(), rng);
       block_table = Buffer(d.device, table.size() * sizeof(int32_t));
       block_table.upload(table.data(), table.size() * sizeof(int32_t));
-      cache.k = make_tensor(k.data(), d.dtype, {pages, d.page_size, d.heads_kv, d.head_dim}, d.device);
-      cache.v = make_tensor(v.data(), d.dtype, {pages, d.page_size, d.heads_kv, d.head_dim}, d.device);
+      cache.k = cache_view(k, d, pages, d.page_size);
+      cache.v = cache_view(v, d, pages, d.page_size);
       cache.block_table = static_cast<const int32_t*>(block_table.data());
       cache.max_pages = pages_per_seq;
     } else {
-      cache.k = make_tensor(k.data(), d.dtype, {s.batch, s.len, d.heads_kv, d.head_dim}, d.device);
-      cache.v = make_tensor(v.data(), d.dtype, {s.batch, s.len, d.heads_kv, d.head_dim}, d.device);
+      cache.k = cache_view(k, d, s.batch, s.len);
+      cache.v = cache_view(v, d, s.batch, s.len);
     }
     const std::vector<int32_t> lens(size_t(s.batch), int32_t(d.append ? s.len - 1 : s.len));
     seqlens = Buffer(d.device, lens.size() * sizeof(int32_t));
@@ -310,17 +311,35 @@ struct Case {
     }
   }
 
+  // The (outer, rows, Hkv, d) cache over `kv`: densely packed tokens first, or heads first (each
+  // outer entry (Hkv, rows, d) in memory).
+  static Tensor cache_view(const Buffer& kv, const Dims& d, int64_t outer, int64_t rows) {
+    Tensor t = make_tensor(kv.data(), d.dtype, {outer, rows, d.heads_kv, d.head_dim}, d.device);
+    if (d.heads_first) t.strides = {rows * d.heads_kv * d.head_dim, d.head_dim, rows * d.head_dim, 1};
+    return t;
+  }
+
   // Sequence b's keys or values as the cache holds them, copied to host memory in token order:
-  // (tokens, Hkv, d), the pages of a paged cache gathered.
+  // (tokens, Hkv, d), the pages of a paged cache gathered and a heads-first layout transposed.
   std::vector<uint8_t> sequence(const Buffer& kv, int64_t b, const Dims& d) const {
     std::vector<uint8_t> host(seq_bytes);
-    if (d.page_size == 0) {
-      copy_to_host(kv, size_t(b) * seq_bytes, host.data(), seq_bytes);
-    } else {
-      const size_t page_bytes = seq_bytes / size_t(pages_per_seq);
-      for (int64_t i = 0; i < pages_per_seq; ++i)
-        copy_to_host(kv, size_t(table[size_t(b * pages_per_seq + i)]) * page_bytes, host.data() + size_t(i) * page_bytes,
-                     page_bytes);
+    const int64_t blocks = d.page_size == 0 ? 1 : pages_per_seq;  // batch row or pages
+    const size_t block_bytes = seq_bytes / size_t(blocks);
+    for (int64_t i = 0; i < blocks; ++i) {
+      const size_t from = d.page_size == 0 ? size_t(b) : size_t(table[size_t(b * pages_per_seq + i)]);
+      copy_to_host(kv, from * block_bytes, host.data() + size_t(i) * block_bytes, block_bytes);
+    }
+    if (d.heads_first) {  // each block (Hkv, rows, d) -> (rows, Hkv, d)
+      const size_t e = element_size(d.dtype), row = size_t(d.head_dim) * e;
+      const int64_t rows = int64_t(block_bytes / (size_t(d.heads_kv) * row));
+      std::vector<uint8_t> block(block_bytes);
+      for (int64_t i = 0; i < blocks; ++i) {
+        uint8_t* p = host.data() + size_t(i) * block_bytes;
+        std::copy(p, p + block_bytes, block.begin());
+        for (int64_t h = 0; h < d.heads_kv; ++h)
+          for (int64_t t = 0; t < rows; ++t)
+            std::copy_n(block.begin() + std::ptrdiff_t((h * rows + t) * int64_t(row)), row, p + (t * d.heads_kv + h) * int64_t(row));
+      }
     }
     return host;
   }
@@ -428,7 +447,8 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
 
 int run_decode(const DecodeArgs& a, std::ostream& os) {
   const Device device = parse_device(a.device);
-  Dims d{parse_dtype(a.dtype, device), device, a.heads, a.heads_kv, a.head_dim, a.page_size, a.append, a.pages_in_order};
+  Dims d{parse_dtype(a.dtype, device), device, a.heads, a.heads_kv, a.head_dim, a.page_size, a.append, a.pages_in_order,
+         a.heads_first};
   if (a.heads < 1) fail("--heads", ">= 1", std::to_string(a.heads));
   if (a.heads_kv < 1 || a.heads % a.heads_kv != 0)
     fail("--heads-kv", "a divisor of --heads " + std::to_string(a.heads), std::to_string(a.heads_kv));
@@ -466,7 +486,8 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
 
   const size_t e = element_size(d.dtype);
   const bool gpu = device == Device::cuda;
-  const std::string layout = d.page_size > 0 ? "paged " + std::to_string(d.page_size) + (d.pages_in_order ? " (pages in order)" : "") : "contiguous";
+  const std::string layout = (d.page_size > 0 ? "paged " + std::to_string(d.page_size) + (d.pages_in_order ? " (pages in order)" : "") : "contiguous") +
+                             (d.heads_first ? ", heads first" : "");
   if (a.json) {
     os << "[\n";
   } else {
@@ -493,10 +514,11 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     std::string row = strprintf("{\"device\":\"%s\",\"machine\":%s,", to_string(device), json_string(m.name).c_str());
     if (!gpu) row += strprintf("\"threads\":%d,", omp_get_max_threads());
     row += strprintf("\"dtype\":\"%s\",\"batch\":%lld,\"seqlen_q\":1,\"cache_len\":%lld,\"heads\":%lld,\"heads_kv\":%lld,"
-                     "\"head_dim\":%lld,\"layout\":\"%s\",\"page_size\":%lld,\"append\":%s,\"kv_bytes\":%s",
+                     "\"head_dim\":%lld,\"layout\":\"%s\",\"page_size\":%lld,\"heads_first\":%s,\"append\":%s,\"kv_bytes\":%s",
                      to_string(d.dtype), (long long)s.batch, (long long)s.len, (long long)d.heads,
                      (long long)d.heads_kv, (long long)d.head_dim, d.page_size > 0 ? "paged" : "contiguous",
-                     (long long)d.page_size, a.append ? "true" : "false", json_number(kv_bytes).c_str());
+                     (long long)d.page_size, d.heads_first ? "true" : "false", a.append ? "true" : "false",
+                     json_number(kv_bytes).c_str());
     auto emit = [&](const std::string& json_tail, const std::string& table_line) {
       if (a.json) {
         os << (first ? "  " : ",\n  ") << row << json_tail << "}";

@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
   c_decode->add_option("--splits", decode.splits, "key splits per sequence (0 = the library's choice)")->capture_default_str();
   c_decode->add_flag("--pages-in-order", decode.pages_in_order,
                     "a paged cache's pages in allocation order (block table 0, 1, 2, ...) instead of random");
+  c_decode->add_flag("--heads-first", decode.heads_first,
+                     "the cache laid out heads first: (B, Hkv, N, d), or (pages, Hkv, P, d) paged, each KV head's "
+                     "rows contiguous (as Hugging Face's cache holds them); default tokens first, (B, N, Hkv, d)");
   c_decode->add_flag("--append", decode.append, "each call also appends one new token (cache_seqlens = cache - 1)");
   c_decode->add_option("--reps", decode.reps, "timed calls (median)")->capture_default_str();
   c_decode->add_option("--check-rows", decode.check_rows, "sampled rows checked against float64 (0 = off)")

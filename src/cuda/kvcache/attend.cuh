@@ -37,6 +37,7 @@ struct KvConfig {
   static constexpr int kBlockN = kWarpsM == 1 || kHeadDim <= 128 ? 64 : 32;  // keys per tile
   static constexpr int kKeysPerWarp = kBlockN / kWarpsN;
   static constexpr int kStages = kWarpsM == 1 && kHeadDim <= 128 ? 3 : 2;
+  static constexpr bool kQInRegisters = kHeadDim <= 128;  // 32 registers of A fragments
   using QTile = SmemTile<kBlockM, kHeadDim>;
   using KVTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kEpiStride = kHeadDim + 4;  // floats per row of the epilogue's staging
@@ -149,13 +150,17 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     }
   }
 
-  // Key tile nb into ring stage `stage`: each thread copies one 16-byte column chunk of kPasses
-  // rows, each row located once for K and V. Tokens past the block's visible range and columns
-  // past head_dim are zero-filled. A paged cache's pages come from a window of the sequence's
-  // block-table row in shared memory (s_pages: entries [win0, win0 + kTablePages)), refilled by the
-  // whole CTA when the next tile to load passes its end: one global-memory latency per refill
-  // instead of a dependent block-table load before every tile's copies.
-  constexpr int kChunks = kHeadDim / 8, kRowsPerPass = C::kThreads / kChunks, kPasses = kBN / kRowsPerPass;
+  // Key tile nb into ring stage `stage`. Thread (group grp, chunk) copies 16-byte column chunk
+  // `chunk` of the tile's rows [grp·kPasses, +kPasses): one row located per tile, then the row
+  // stride added per row, while the group's rows lie in one page (a contiguous cache, or a
+  // power-of-two page of at least kPasses rows); smaller or other page sizes locate every row.
+  // The copies' shared-memory addresses are the group's first row plus immediates (SmemTile is
+  // affine in the row). Tokens past the block's visible range and columns past head_dim are
+  // zero-filled. A paged cache's pages come from a window of the sequence's block-table row in
+  // shared memory (s_pages: entries [win0, win0 + kTablePages)), refilled by the whole CTA when the
+  // next tile to load passes its end: one global-memory latency per refill instead of a dependent
+  // block-table load before every tile's copies.
+  constexpr int kChunks = kHeadDim / 8, kGroups = C::kThreads / kChunks, kPasses = kBN / kGroups;
   constexpr int kTablePages = 256;
   static_assert(kBN + 1 <= kTablePages, "a tile's pages fit the window");
   __shared__ int s_pages[kTablePages];
@@ -174,28 +179,58 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   };
   const T* gK = static_cast<const T*>(a.k_cache) + int64_t(hkv) * a.k_st.head;
   const T* gV = static_cast<const T*>(a.v_cache) + int64_t(hkv) * a.v_st.head;
-  const int chunk = tid % kChunks;
+  const int grp = tid / kChunks, chunk = tid % kChunks;
   const bool col_ok = chunk * 8 < a.head_dim;
+  const bool one_page = !paged || (a.page_shift >= 0 && a.page_size >= kPasses);
+  auto cache_row = [&](int t) {  // token t of the sequence, visible (paged: its page in the window)
+    if (!paged) return CacheRow{cache_b, t};
+    const int pg = a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
+    return CacheRow{s_pages[pg - win0], t - pg * a.page_size};
+  };
   auto load_tile = [&](int nb, int stage) {
-    T* dK = sK + stage * KVTile::kElems;
-    T* dV = sV + stage * KVTile::kElems;
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int row = pass * kRowsPerPass + tid / kChunks, t = nb * kBN + row;
-      const bool ok = col_ok && t < key_hi;
+    const int t0 = nb * kBN + grp * kPasses;
+    const int n_ok = col_ok ? min(key_hi - t0, kPasses) : 0;  // rows of the group to copy
+    T* dK = sK + stage * KVTile::kElems + KVTile::offset(grp * kPasses, chunk * 8);
+    T* dV = sV + stage * KVTile::kElems + KVTile::offset(grp * kPasses, chunk * 8);
+    if (one_page) {
       const T* ks = gK;
       const T* vs = gV;
-      if (ok) {
-        CacheRow cr{cache_b, t};
-        if (paged) {  // shifts for a power-of-two page size: a division costs tens of instructions
-          const int pg = a.page_shift >= 0 ? t >> a.page_shift : t / a.page_size;
-          cr = CacheRow{s_pages[pg - win0], t - pg * a.page_size};
-        }
+      if (n_ok > 0) {
+        const CacheRow cr = cache_row(t0);
         ks += offset(cr, a.k_st) + chunk * 8;
         vs += offset(cr, a.v_st) + chunk * 8;
       }
-      ptx::cp_async_16(dK + KVTile::offset(row, chunk * 8), ks, ok);
-      ptx::cp_async_16(dV + KVTile::offset(row, chunk * 8), vs, ok);
+      if (n_ok == kPasses) {  // every row visible: no predicates
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          ptx::cp_async_16(dK + pass * KVTile::kStride, ks + pass * a.k_st.row, true);
+          ptx::cp_async_16(dV + pass * KVTile::kStride, vs + pass * a.v_st.row, true);
+        }
+      } else {
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          ptx::cp_async_16(dK + pass * KVTile::kStride, ks, pass < n_ok);
+          ptx::cp_async_16(dV + pass * KVTile::kStride, vs, pass < n_ok);
+          if (pass + 1 < n_ok) {  // the pointers stay on a row the cache holds
+            ks += a.k_st.row;
+            vs += a.v_st.row;
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool ok = pass < n_ok;
+        const T* ks = gK;
+        const T* vs = gV;
+        if (ok) {
+          const CacheRow cr = cache_row(t0 + pass);
+          ks += offset(cr, a.k_st) + chunk * 8;
+          vs += offset(cr, a.v_st) + chunk * 8;
+        }
+        ptx::cp_async_16(dK + pass * KVTile::kStride, ks, ok);
+        ptx::cp_async_16(dV + pass * KVTile::kStride, vs, ok);
+      }
     }
   };
 
@@ -233,20 +268,32 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
   RowState st[2];
 
+  // The warp's Q fragments: in registers for head dims up to 128 (32 registers), else read from
+  // shared memory per tile.
+  constexpr int kQFrags = C::kQInRegisters ? kHeadDim / 16 : 1;
+  uint32_t qf[kQFrags][4];
+  if constexpr (C::kQInRegisters) {
+    __syncthreads();  // sQ is written
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) ptx::ldmatrix_x4(qf[kk], a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
+  }
+
+  int read_stage = 0, write_stage = kStages - 1;  // the ring stages of tiles nb and nb + kStages - 1
   for (int nb = n_begin; nb < n_end; ++nb) {
-    const int it = nb - n_begin;
     ptx::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile nb has landed for every thread; stage (it - 1) % kStages is free
+    __syncthreads();  // tile nb has landed for every thread; the stage of tile nb - 1 is free
     if (nb + kStages - 1 < n_end) {
       if (past_window(nb + kStages - 1)) {  // no thread reads s_pages between the barriers
         fill_window((nb + kStages - 1) * kBN / a.page_size);
         __syncthreads();
       }
-      load_tile(nb + kStages - 1, (it + kStages - 1) % kStages);
+      load_tile(nb + kStages - 1, write_stage);
     }
     ptx::cp_async_commit();
-    const T* cK = sK + (it % kStages) * KVTile::kElems;
-    const T* cV = sV + (it % kStages) * KVTile::kElems;
+    const T* cK = sK + read_stage * KVTile::kElems;
+    const T* cV = sV + read_stage * KVTile::kElems;
+    read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
 
     // S = Q Kᵀ over this warp's keys                                   // (16, kKeysPerWarp)
     float acc_s[kNT][4];
@@ -256,8 +303,9 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       for (int e = 0; e < 4; ++e) acc_s[nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t af[4];
-      ptx::ldmatrix_x4(af, a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
+      uint32_t af_smem[4];
+      if constexpr (!C::kQInRegisters) ptx::ldmatrix_x4(af_smem, a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
+      const uint32_t(&af)[4] = C::kQInRegisters ? qf[kk % kQFrags] : af_smem;
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bf[4];
@@ -288,12 +336,16 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 
     float rescale[2];
     softmax_tile(acc_s, st, 1.f, rescale);
+    // Once the rows' maxima settle (most tiles of a long cache) every rescale is exactly 1: the
+    // warp skips the multiplies, which changes no bit.
+    if (__any_sync(0xffffffffu, rescale[0] != 1.f || rescale[1] != 1.f)) {
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      acc_o[dt][0] *= rescale[0];
-      acc_o[dt][1] *= rescale[0];
-      acc_o[dt][2] *= rescale[1];
-      acc_o[dt][3] *= rescale[1];
+      for (int dt = 0; dt < kDT; ++dt) {
+        acc_o[dt][0] *= rescale[0];
+        acc_o[dt][1] *= rescale[0];
+        acc_o[dt][2] *= rescale[1];
+        acc_o[dt][3] *= rescale[1];
+      }
     }
 
     // acc += P V                                                        // (16, kHeadDim)

@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   // Key tile nb into ring stage `stage`. Thread (group grp, chunk) copies 16-byte column chunk
   // `chunk` of the tile's rows [grp·kPasses, +kPasses): one row located per tile, then the row
   // stride added per row, while the group's rows lie in one page (a contiguous cache, or a
-  // power-of-two page of at least kPasses rows); smaller or other page sizes locate every row.
+  // power-of-two page of at least kPasses rows); with smaller or other page sizes the walk moves
+  // to the next page's block-table entry where a page ends (no division per row).
   // The copies' shared-memory addresses are the group's first row plus immediates (SmemTile is
   // affine in the row). Tokens past the block's visible range and columns past head_dim are
   // zero-filled. A paged cache's pages come from a window of the sequence's block-table row in
@@ -217,19 +218,34 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
           }
         }
       }
-    } else {
+    } else {  // the first row located once, then walked row by row into the next pages
+      const T* ks = gK;
+      const T* vs = gV;
+      int pg = 0, in_page = 0;
+      auto at_page = [&] {
+        const CacheRow cr{s_pages[pg - win0], in_page};
+        ks = gK + offset(cr, a.k_st) + chunk * 8;
+        vs = gV + offset(cr, a.v_st) + chunk * 8;
+      };
+      if (n_ok > 0) {
+        pg = a.page_shift >= 0 ? t0 >> a.page_shift : t0 / a.page_size;
+        in_page = t0 - pg * a.page_size;
+        at_page();
+      }
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        const bool ok = pass < n_ok;
-        const T* ks = gK;
-        const T* vs = gV;
-        if (ok) {
-          const CacheRow cr = cache_row(t0 + pass);
-          ks += offset(cr, a.k_st) + chunk * 8;
-          vs += offset(cr, a.v_st) + chunk * 8;
+        ptx::cp_async_16(dK + pass * KVTile::kStride, ks, pass < n_ok);
+        ptx::cp_async_16(dV + pass * KVTile::kStride, vs, pass < n_ok);
+        if (pass + 1 < n_ok) {
+          if (++in_page == a.page_size) {
+            in_page = 0;
+            ++pg;
+            at_page();
+          } else {
+            ks += a.k_st.row;
+            vs += a.v_st.row;
+          }
         }
-        ptx::cp_async_16(dK + pass * KVTile::kStride, ks, ok);
-        ptx::cp_async_16(dV + pass * KVTile::kStride, vs, ok);
       }
     }
   };

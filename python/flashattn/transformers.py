@@ -17,8 +17,8 @@ How a call is computed (docs/python.md lists the model features):
 - The attention function runs ``flashattn.torch.attention`` (autograd) on (batch, seqlen, heads,
   head_dim) views of transformers' tensors, without copies when no row is padded or, on the CPU,
   when only keys are (every query valid, each row's keys a prefix: ``seqused_k``, as for an
-  encoder's right-padded batch or a static cache's empty tail; the CUDA backend takes no
-  seqused_k, so on CUDA such calls are packed as below). Otherwise — left padding (``generate()`` on a padded
+  encoder's right-padded batch or a static cache's empty tail; on CUDA such calls are packed as
+  below, because the Hopper kernels take cu_seqlens and a call with seqused_k runs the portable ones). Otherwise — left padding (``generate()`` on a padded
   batch), right-padded causal batches (training), whose padded queries must not shift the causal
   diagonal — it runs on the valid tokens only, packed by cu_seqlens (varlen), and scatters the
   result back (padded query rows output 0).
@@ -331,7 +331,7 @@ def _attention(module, query, key, value, attention_mask, scaling, softcap, is_c
                          f"got {m!r}")
     if m.spans is None:
         return _ft.attention(q, k, v, causal=m.causal, scale=scaling, window=m.window, softcap=cap), None
-    if m.right_padded and q.device.type == "cpu":  # seqused_k: the CPU backend's
+    if m.right_padded and q.device.type == "cpu":  # seqused_k (on CUDA packed: the Hopper kernels' form)
         return _ft.attention(q, k, v, causal=m.causal, scale=scaling, window=m.window, softcap=cap,
                              seqused_k=m.seqused_k(q.device)), None
     qb, qs, kb, ks, cu_q, cu_k, max_q, max_k = m.packing(q.device)

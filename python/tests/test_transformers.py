@@ -105,8 +105,8 @@ def test_minilm_embeddings_match_sdpa(minilm_path, device, calls):
     # padding changes nothing: each sentence embedded alone gives its batched embedding
     cos_alone = torch.nn.functional.cosine_similarity(got.double(), torch.cat(alone).double())
     assert (cos_alone >= bar).all(), cos_alone
-    # the encoder's right-padded batch ran on seqused_k (no unpadding; on CUDA, which takes no
-    # seqused_k, packed by cu_seqlens), single sentences dense
+    # the encoder's right-padded batch ran on seqused_k (no unpadding; on CUDA packed by
+    # cu_seqlens, the Hopper kernels' form), single sentences dense
     padded = "seqused_k" if device == "cpu" else "varlen"
     assert set(calls) == {padded, "dense"}
     assert calls.count(padded) == ours.config.num_hidden_layers

@@ -113,8 +113,8 @@ struct SeqSpan {
   int64_t k_rows;
 };
 
-// The keys sequence b uses out of the k_rows its tensors hold (the CPU backend's rule; the CUDA
-// backend rejects seqused_k).
+// The keys sequence b uses out of the k_rows its tensors hold (the CUDA kernels apply the same
+// rule on the device: src/cuda/sm80/mask.cuh, seq_info).
 inline int64_t used_keys(const int32_t* seqused_k, int64_t b, int64_t k_rows) {
   return seqused_k != nullptr ? int64_t(seqused_k[b]) : k_rows;
 }

@@ -149,16 +149,9 @@ bool hopper_allowed() {
   }();
   return allowed;
 }
-// Options::seqused_k is taken by the CPU backend; the CUDA kernels read every key row they are given.
-void reject_seqused_k(const detail::Params& p) {
-  if (p.seqused_k != nullptr)
-    throw Error("seqused_k: the CUDA backend attends to every key row; Options::seqused_k runs on Device::cpu",
-                Error::Kind::unsupported);
-}
 }  // namespace
 
 void forward(const detail::Params& p) {
-  reject_seqused_k(p);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) {
     detail::set_kernel_path("cuda.standard");
@@ -174,7 +167,6 @@ void forward(const detail::Params& p) {
 }
 
 void backward(const detail::Params& p) {
-  reject_seqused_k(p);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.algorithm == Algorithm::standard) {
     detail::set_kernel_path("cuda.standard");

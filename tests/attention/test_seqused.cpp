@@ -1,13 +1,14 @@
 // Options::seqused_k (docs/semantics.md, "Padding without copies"): each sequence attends to the
 // first seqused_k[b] rows of its keys, its masks aligned bottom-right to that count, and the rows
-// past it are padding whose dK and dV are exact zeros. Checked on Device::cpu against the test's own fp64 oracle (tests/support/attention_oracle.cpp,
-// which knows seqused_k only as each sequence's key count) with FlashAttention's tolerance rule;
+// past it are padding whose dK and dV are exact zeros. Checked on both backends (CUDA: skipped
+// without a GPU) against the test's own fp64 oracle (tests/support/attention_oracle.cpp, which
+// knows seqused_k only as each sequence's key count) with FlashAttention's tolerance rule;
 // outputs are poisoned before every call. With NaN in the padding rows the results must stay finite
 // and within the rule: the padding is never read as keys or values.
 //
 // Suites: Seqused (forward and backward, run_case), SequsedAgree (flash vs standard), SequsedRepeat
 // (bitwise-equal repeated calls), SequsedChecks (bad values: Error naming seqused_k, nothing written,
-// on every device; the CUDA backend rejects good ones as unsupported, also writing nothing).
+// on every device; the boundary values run).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -185,15 +186,15 @@ std::vector<Case> repeat_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seqused, Seqused,
-                         ::testing::ValuesIn(cross(seqused_cases(), all_dtypes(), all_algos(), {Device::cpu})), name_of);
+                         ::testing::ValuesIn(cross(seqused_cases(), all_dtypes(), all_algos(), all_devices())), name_of);
 INSTANTIATE_TEST_SUITE_P(SequsedAgree, SequsedAgree,
-                         ::testing::ValuesIn(cross(agreement_cases(), all_dtypes(), {Algorithm::flash}, {Device::cpu})),
+                         ::testing::ValuesIn(cross(agreement_cases(), all_dtypes(), {Algorithm::flash}, all_devices())),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return info.param.c.name + "_" + dtype_name(info.param.dtype) + "_" +
                                   flashattn::to_string(info.param.device);
                          });
 INSTANTIATE_TEST_SUITE_P(SequsedRepeat, SequsedRepeat,
-                         ::testing::ValuesIn(cross(repeat_cases(), {DType::bf16}, all_algos(), {Device::cpu})), name_of);
+                         ::testing::ValuesIn(cross(repeat_cases(), {DType::bf16}, all_algos(), all_devices())), name_of);
 
 // ---- bad values ---------------------------------------------------------------------------------
 // One small call on `dev` (bf16, B 2, Nq 9, Nk 13, H 2, Hkv 1, d 64; varlen when cu_k is given): its
@@ -276,28 +277,16 @@ void expect_rejected(Device dev, const std::vector<int32_t>& used, const std::ve
   EXPECT_TRUE(snap(outs, 5) == before) << "a rejected call wrote an output";
 }
 
-// The checks' boundary values (0 and the sequence's key rows) pass them: the CPU backend runs the
-// call; the CUDA backend rejects it as unsupported (Error naming seqused_k) before writing out.
+// The checks' boundary values (0 and the sequence's key rows) pass them: the call runs, forward
+// and backward.
 void expect_accepted(Device dev, const std::vector<int32_t>& used, const std::vector<int32_t>& cu_k = {}) {
   FA_SEED_TRACE();
   if (skip_without_device(dev)) GTEST_SKIP() << "no usable CUDA device";
   SmallCall c(dev, used, cu_k);
   const Tensor tl = c.pl.put(c.lse);
-  if (dev == Device::cpu) {
-    EXPECT_NO_THROW(flashattn::forward(c.pl.put(c.q), c.pl.put(c.k), c.pl.put(c.v), c.pl.put(c.out), &tl, c.opts));
-    return;
-  }
-  poison(c.out);
-  const auto before = snapshot(c.out);
-  try {
-    flashattn::forward(c.pl.put(c.q), c.pl.put(c.k), c.pl.put(c.v), c.pl.put(c.out), &tl, c.opts);
-    ADD_FAILURE() << "the CUDA backend ran a call with seqused_k";
-  } catch (const flashattn::Error& e) {
-    EXPECT_EQ(e.kind(), flashattn::Error::Kind::unsupported) << e.what();
-    EXPECT_NE(std::strstr(e.what(), "seqused_k"), nullptr) << e.what();
-  }
-  c.pl.fetch(c.out);
-  EXPECT_TRUE(snapshot(c.out) == before) << "a rejected call wrote out";
+  EXPECT_NO_THROW(flashattn::forward(c.pl.put(c.q), c.pl.put(c.k), c.pl.put(c.v), c.pl.put(c.out), &tl, c.opts));
+  EXPECT_NO_THROW(flashattn::backward(c.pl.put(c.q), c.pl.put(c.k), c.pl.put(c.v), c.pl.put(c.out), c.pl.put(c.dout),
+                                      c.pl.put(c.lse), c.pl.put(c.dq), c.pl.put(c.dk), c.pl.put(c.dv), c.opts));
 }
 
 class SequsedChecks : public ::testing::TestWithParam<Device> {};

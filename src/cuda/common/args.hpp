@@ -27,6 +27,7 @@ struct AttnArgs {
 
   const int32_t* cu_seqlens_q = nullptr;  // device pointers, or null
   const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;  // device pointer, or null: the keys each sequence uses
   int batch = 0, seqlen_q = 0, seqlen_k = 0;  // seqlens: per sequence, or packed totals (varlen)
   int max_seqlen_q = 0, max_seqlen_k = 0;
   int heads = 0, heads_kv = 0, group = 1, head_dim = 0;
@@ -56,7 +57,7 @@ inline AttnArgs make_args(const detail::Params& p) {
   a.dq_st = strides_of(p.dq); a.dk_st = strides_of(p.dk); a.dv_st = strides_of(p.dv);
   a.lse = p.lse.data;
   a.lse_batch = p.lse.batch_stride; a.lse_head = p.lse.head_stride; a.lse_row = p.lse.row_stride;
-  a.cu_seqlens_q = p.cu_seqlens_q; a.cu_seqlens_k = p.cu_seqlens_k;
+  a.cu_seqlens_q = p.cu_seqlens_q; a.cu_seqlens_k = p.cu_seqlens_k; a.seqused_k = p.seqused_k;
   a.batch = int(p.batch); a.seqlen_q = int(p.seqlen_q); a.seqlen_k = int(p.seqlen_k);
   a.max_seqlen_q = int(p.max_rows_q());
   a.max_seqlen_k = int(p.max_rows_k());

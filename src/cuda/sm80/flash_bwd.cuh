@@ -72,11 +72,12 @@ __global__ void __launch_bounds__(BwdDkDvConfig<kHeadDim>::kThreads, 1)
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const SeqInfo seq = seq_info(a, b);
   const int n0 = n_block * kBN;
-  if (n0 >= seq.k_len) return;
-  const int n1 = min(n0 + kBN, seq.k_len);
+  if (n0 >= seq.k_rows) return;
+  // Key rows past k_len (seqused_k's padding) get zero gradients: a tile of them only stores zeros.
+  const int n1 = max(n0, min(n0 + kBN, seq.k_len));
   const WindowMask mask(a, seq);
-  int q_lo, q_hi;
-  mask.query_range(n0, n1, &q_lo, &q_hi);
+  int q_lo = 0, q_hi = 0;
+  if (n1 > n0) mask.query_range(n0, n1, &q_lo, &q_hi);
   const int m_begin = q_lo / kBM;
   const int m_count = q_hi > q_lo ? (q_hi + kBM - 1) / kBM - m_begin : 0;
   const int iters = m_count * a.group;  // (query head of the group, query tile)
@@ -253,11 +254,12 @@ __global__ void __launch_bounds__(BwdDkDvConfig<kHeadDim>::kThreads, 1)
   }
   ptx::cp_async_wait<0>();
 
-  // Epilogue: rows past k_len and head-dim padding are not stored.
+  // Epilogue: rows past k_rows and head-dim padding are not stored; rows in [k_len, k_rows) hold
+  // exact zeros (their keys are masked, so P and dS are 0 there, and their K, V rows were zero-filled).
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = n0 + band0 + g + half * 8;
-    if (j >= seq.k_len) continue;
+    if (j >= seq.k_rows) continue;
     const int64_t r = seq.k_start + j;
     if constexpr (kDV) {
       T* row = static_cast<T*>(a.dv) + bi * a.dv_st.batch + r * a.dv_st.row + int64_t(hk) * a.dv_st.head;

@@ -13,18 +13,25 @@
 
 namespace flashattn::cuda {
 
-// Where sequence b lives in the tensors and how long it is.
+// Where sequence b lives in the tensors and how long it is: k_len keys (seqused_k[b] when given)
+// out of the k_rows key rows the tensors hold for it (the rest padding, whose dK and dV rows the
+// backward writes as zeros).
 struct SeqInfo {
   int batch_index;   // tensor batch coordinate (0 with varlen)
   int q_start, k_start;
   int q_len, k_len;
+  int k_rows;
 };
 
 __device__ __forceinline__ SeqInfo seq_info(const AttnArgs& a, int b) {
-  if (a.cu_seqlens_q == nullptr) return {b, 0, 0, a.seqlen_q, a.seqlen_k};
-  const int q0 = a.cu_seqlens_q[b], q1 = a.cu_seqlens_q[b + 1];
-  const int k0 = a.cu_seqlens_k[b], k1 = a.cu_seqlens_k[b + 1];
-  return {0, q0, k0, q1 - q0, k1 - k0};
+  SeqInfo s{b, 0, 0, a.seqlen_q, a.seqlen_k, a.seqlen_k};
+  if (a.cu_seqlens_q != nullptr) {
+    const int q0 = a.cu_seqlens_q[b], q1 = a.cu_seqlens_q[b + 1];
+    const int k0 = a.cu_seqlens_k[b], k1 = a.cu_seqlens_k[b + 1];
+    s = {0, q0, k0, q1 - q0, k1 - k0, k1 - k0};
+  }
+  if (a.seqused_k != nullptr) s.k_len = a.seqused_k[b];
+  return s;
 }
 
 struct WindowMask {

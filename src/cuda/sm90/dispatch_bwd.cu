@@ -38,6 +38,7 @@ int bwd_flags(int d, bool causal) {
 
 bool supports_backward(const detail::Params& p) {
   if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
+  if (p.seqused_k != nullptr) return false;  // the portable kernels take seqused_k (sm80/mask.cuh)
   // head_dim 96 runs the d128 kernel, Q, K, V, dO zero-padded to 128 by TMA (BwdArgs::x_chunks);
   // 192 the d256 kernel with its fourth column chunk zero (bwd/kernel_wide.cuh, kCols).
   if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)

@@ -135,6 +135,7 @@ bool supports(const detail::Params& p) {
   if (p.head_dim != 64 && p.head_dim != 96 && p.head_dim != 128 && p.head_dim != 192 && p.head_dim != 256)
     return false;
   if (p.max_rows_q() <= 0) return false;  // varlen without query rows: nothing for this kernel
+  if (p.seqused_k != nullptr) return false;  // the portable kernels take seqused_k (sm80/mask.cuh)
   if (!(p.scale > 0.f)) return false;  // max(s)·scale = max(s·scale) needs scale > 0
   if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.heads <= 0 || p.heads_kv <= 0) return false;
   if (p.heads % p.heads_kv != 0) return false;

@@ -222,20 +222,26 @@ class StageTimer {
   std::vector<Mark> marks_;
 };
 
+// Each sequence's rows: k_len keys (seqused_k[b] when given) of the k_rows its tensors hold.
 std::vector<detail::SeqSpan> spans_of(const detail::Params& p, cudaStream_t stream) {
   std::vector<detail::SeqSpan> spans;
-  if (!p.varlen()) {
-    for (int64_t b = 0; b < p.batch; ++b) spans.push_back({b, 0, 0, p.seqlen_q, p.seqlen_k});
-    return spans;
+  std::vector<int32_t> cq, ck, used;
+  auto fetch = [&](std::vector<int32_t>& v, const int32_t* src, int64_t n, const char* what) {
+    v.resize(size_t(n));
+    check_cuda(cudaMemcpyAsync(v.data(), src, v.size() * 4, cudaMemcpyDeviceToHost, stream), what);
+  };
+  if (p.varlen()) {
+    fetch(cq, p.cu_seqlens_q, p.batch + 1, "cudaMemcpyAsync(cu_seqlens_q)");
+    fetch(ck, p.cu_seqlens_k, p.batch + 1, "cudaMemcpyAsync(cu_seqlens_k)");
   }
-  std::vector<int32_t> cq(p.batch + 1), ck(p.batch + 1);
-  check_cuda(cudaMemcpyAsync(cq.data(), p.cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync(cu_seqlens_q)");
-  check_cuda(cudaMemcpyAsync(ck.data(), p.cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync(cu_seqlens_k)");
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  for (int64_t b = 0; b < p.batch; ++b)
-    spans.push_back({0, cq[b], ck[b], cq[b + 1] - cq[b], ck[b + 1] - ck[b]});
+  if (p.seqused_k != nullptr) fetch(used, p.seqused_k, p.batch, "cudaMemcpyAsync(seqused_k)");
+  if (p.varlen() || p.seqused_k != nullptr) check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  for (int64_t b = 0; b < p.batch; ++b) {
+    detail::SeqSpan s{b, 0, 0, p.seqlen_q, p.seqlen_k, p.seqlen_k};
+    if (p.varlen()) s = {0, cq[b], ck[b], cq[b + 1] - cq[b], ck[b + 1] - ck[b], ck[b + 1] - ck[b]};
+    if (p.seqused_k != nullptr) s.k_len = used[size_t(b)];
+    spans.push_back(s);
+  }
   return spans;
 }
 
@@ -330,6 +336,14 @@ void backward_impl(const detail::Params& p, cudaStream_t stream) {
         zero_rows_kernel<T><<<dim3(blocks_for(int64_t(nq) * d), g), 256, 0, stream>>>(
             at<T>(p.dq, bi, s.q_start, h0), p.dq.head_stride, p.dq.row_stride, nq, d);
         check_launch("zero_rows_kernel");
+      }
+      if (s.k_rows > nk) {  // seqused_k's padding rows: zero dK, dV
+        const int pad = int(s.k_rows - nk);
+        for (const detail::TensorRef* t : {&p.dk, &p.dv}) {
+          zero_rows_kernel<T><<<dim3(blocks_for(int64_t(pad) * d), 1), 256, 0, stream>>>(
+              at<T>(*t, bi, s.k_start + nk, hk), t->head_stride, t->row_stride, pad, d);
+          check_launch("zero_rows_kernel");
+        }
       }
       if (nk == 0) continue;
       float* dK = dkv_buf.as<float>();

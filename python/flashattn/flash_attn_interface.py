@@ -14,8 +14,13 @@ library's autograd op (flashattn.torch.attention) or its KV-cache op:
 - ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)``; flash-attn fills S_dmask only
   when dropout_p > 0 and returns an empty tensor otherwise, and so does this module (dropout is not
   supported here).
-- ``dropout_p > 0``, ``alibi_slopes``, the varlen ``block_table`` and the KV-cache ``cache_leftpad``
-  raise NotImplementedError naming the argument.
+- ``flash_attn_varlen_func`` with a ``block_table`` (k and v a paged cache (num_blocks, page_size,
+  Hkv, D), sequence b's keys the first cu_seqlens_k[b + 1] − cu_seqlens_k[b] tokens of its pages)
+  runs the KV-cache op once over every sequence, its queries right-aligned in a (batch,
+  max_seqlen_q) block so that each sequence's masks stay bottom-right; no autograd (a tensor that
+  requires grad raises NotImplementedError).
+- ``dropout_p > 0``, ``alibi_slopes`` and the KV-cache ``cache_leftpad`` raise NotImplementedError
+  naming the argument.
 - flash-attn reports bad arguments as RuntimeError, the library as ValueError or TypeError: here
   they are ``FlashAttnValueError`` / ``FlashAttnTypeError`` / ``FlashAttnUnsupportedError``, which
   derive from both, so ``except RuntimeError`` and ``except ValueError`` both catch them.
@@ -123,6 +128,48 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     return (out, lse.squeeze(0), _probs_placeholder(q)) if return_attn_probs else out
 
 
+def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, softmax_scale, causal,
+                  window_size, softcap, return_attn_probs):
+    """Packed queries over a paged cache: sequence b's queries go to rows [max_q − len_q, max_q) of
+    its row of a (batch, max_q) block, so the KV-cache op's bottom-right alignment (query i of Sq
+    sees keys up to i + len_k − Sq) is the sequence's own; the other rows are dropped."""
+    if not isinstance(q, Tensor) or q.dim() != 3:
+        shape = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
+        raise ValueError(f"q: expected 3 dimensions (total_tokens, heads, head_dim), got {shape}")
+    if any(isinstance(t, Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
+        raise NotImplementedError("flash_attn_varlen_func: block_table (a paged cache) runs without autograd; "
+                                  "got a tensor that requires grad")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype != torch.int32:
+            raise ValueError(f"{name}: expected a 1-D int32 tensor")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel() or cu_seqlens_q.numel() < 1:
+        raise ValueError(f"cu_seqlens_q, cu_seqlens_k: expected the same batch + 1 >= 1 entries, got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    batch = cu_seqlens_q.numel() - 1
+    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    total_q = q.shape[0]
+    longest = int(lens_q.max()) if batch > 0 else 0
+    if batch > 0 and (int(lens_q.min()) < 0 or int(cu_seqlens_q[-1]) != total_q or int(cu_seqlens_q[0]) != 0):
+        raise ValueError(f"cu_seqlens_q: expected non-decreasing prefix sums from 0 to q's {total_q} tokens")
+    if longest > max_seqlen_q:
+        raise ValueError(f"max_seqlen_q: {max_seqlen_q} is less than the longest query sequence ({longest})")
+    rows = max(int(max_seqlen_q), 1)
+    seq = torch.repeat_interleave(torch.arange(batch, device=q.device), lens_q.to(q.device), output_size=total_q)
+    pos = (torch.arange(total_q, device=q.device) - cu_seqlens_q[:-1].to(q.device).to(torch.int64)[seq]
+           + (rows - lens_q.to(q.device))[seq])
+    block = q.new_zeros((batch, rows) + tuple(q.shape[1:]))
+    block[seq, pos] = q
+    out, lse = _ft.flash_attn_with_kvcache(block, k_cache, v_cache, cache_seqlens=lens_k, block_table=block_table,
+                                           softmax_scale=softmax_scale, causal=causal,
+                                           window_size=_window(window_size, causal), softcap=softcap,
+                                           return_softmax_lse=True)
+    out = out[seq, pos]
+    if not return_attn_probs:
+        return out
+    return out, lse[seq, :, pos].transpose(0, 1).contiguous(), _probs_placeholder(q)
+
+
 def _packed(name: str, t, ndim: int, count: int, axis: int, layout: str):
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -165,12 +212,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Packed sequences: q (total_q, H, D), k and v (total_k, Hkv, D), cu_seqlens_q/k (batch + 1,)
-    int32 on q's device; masks align bottom-right within each sequence. Returns out (total_q, H, D),
-    or (out, softmax_lse (H, total_q) float32, empty S_dmask) with return_attn_probs."""
+    int32 on q's device; masks align bottom-right within each sequence. With block_table (batch,
+    max_pages) int32, k and v are a paged cache (num_blocks, page_size, Hkv, D) and sequence b's
+    keys its first cu_seqlens_k[b + 1] − cu_seqlens_k[b] tokens (forward only). Returns out
+    (total_q, H, D), or (out, softmax_lse (H, total_q) float32, empty S_dmask) with
+    return_attn_probs."""
     _unsupported("flash_attn_varlen_func", dropout_p, alibi_slopes)
     if block_table is not None:
-        raise NotImplementedError("flash_attn_varlen_func: block_table (paged K/V) is not supported; "
-                                  "flash_attn_with_kvcache takes a paged cache")
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table, softmax_scale, causal,
+                             window_size, softcap, return_attn_probs)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                    window_size, softcap, deterministic, return_attn_probs)
 

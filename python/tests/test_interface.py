@@ -151,6 +151,44 @@ def test_varlen_functions(device, opts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opts", OPTIONS, ids=OPTION_IDS)
+def test_varlen_over_a_paged_cache(device, opts):
+    """flash_attn_varlen_func with block_table: packed queries (one sequence without any, one with
+    more queries than keys) over a paged cache whose pages are shuffled, against the reference over
+    each sequence's keys gathered in token order; softmax_lse (H, total_q)."""
+    dt = wdt(device)
+    gen = torch.Generator().manual_seed(300 + len(str(opts)))
+    lq, lk, H, Hkv, D, page = [5, 1, 0, 9, 7], [9, 12, 4, 30, 3], 4, 2, 16, 4
+    pages_per_seq = max(-(-n // page) for n in lk) + 1
+    blocks = len(lk) * pages_per_seq + 3
+    k_cache = torch.randn(blocks, page, Hkv, D, generator=gen).to(dt).to(device)
+    v_cache = torch.randn(blocks, page, Hkv, D, generator=gen).to(dt).to(device)
+    table = torch.randperm(blocks, generator=gen)[: len(lk) * pages_per_seq].view(len(lk), pages_per_seq)
+    table = table.to(torch.int32).to(device)
+    q = torch.randn(sum(lq), H, D, generator=gen).to(dt).to(device)
+    # each sequence's keys in token order, packed as the reference's varlen input
+    kd = torch.cat([k_cache[table[b].long()].reshape(-1, Hkv, D)[:n] for b, n in enumerate(lk)])
+    vd = torch.cat([v_cache[table[b].long()].reshape(-1, Hkv, D)[:n] for b, n in enumerate(lk)])
+    cu_q, cu_k = cu(lq, device), cu(lk, device)
+    causal, window = opts.get("causal", False), ref_window(opts.get("causal", False), opts.get("window_size", (-1, -1)))
+    want, want_lse = ref.forward(np64(q)[None], np64(kd)[None], np64(vd)[None], causal=causal, window=window,
+                                 softcap=opts.get("softcap", 0.0), scale=opts.get("softmax_scale"),
+                                 cu_seqlens_q=cu_q.cpu().numpy(), cu_seqlens_k=cu_k.cpu().numpy())
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    out, lse, probs = fai.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lq), max(lk),
+                                                 block_table=table, return_attn_probs=True, **opts)
+    assert probs.numel() == 0
+    close(out, want[0], TOL[dt], "out")
+    close(lse, want_lse[0], TOL[dt], "lse")
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before), "the cache was written"
+    out_only = fai.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lq) + 3, max(lk), block_table=table,
+                                          **opts)
+    close(out_only, want[0], TOL[dt], "out (max_seqlen_q past the longest sequence)")
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        fai.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, cu_k, max(lq) - 1, max(lk), block_table=table, **opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_with_kvcache(device):
     """flash_attn_with_kvcache through the interface: the cache appended in place, the output and
     LSE as the reference's, causal together with a right window accepted (capped at 0)."""
@@ -190,8 +228,9 @@ def test_unsupported_arguments_name_themselves():
     with pytest.raises(NotImplementedError, match="alibi_slopes"):
         fai.flash_attn_qkvpacked_func(torch.stack([q, k, v], 2), alibi_slopes=torch.ones(2))
     cu_ = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        fai.flash_attn_varlen_func(q[0], k[0], v[0], cu_, cu_, 4, 4, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="block_table"):  # the paged form has no autograd
+        fai.flash_attn_varlen_func(q[0].requires_grad_(), k.view(4, 1, 2, 16), v.view(4, 1, 2, 16), cu_, cu_, 4, 4,
+                                   block_table=torch.arange(4, dtype=torch.int32).view(1, 4))
     with pytest.raises(NotImplementedError, match="cache_leftpad"):
         fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=4, cache_leftpad=torch.zeros(1, dtype=torch.int32))
 

@@ -146,18 +146,19 @@ def _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         raise ValueError(f"cu_seqlens_q, cu_seqlens_k: expected the same batch + 1 >= 1 entries, got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     batch = cu_seqlens_q.numel() - 1
-    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    cu_q = cu_seqlens_q.to(device=q.device, dtype=torch.int64)
+    lens_q = cu_q[1:] - cu_q[:-1]
     lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     total_q = q.shape[0]
     longest = int(lens_q.max()) if batch > 0 else 0
-    if batch > 0 and (int(lens_q.min()) < 0 or int(cu_seqlens_q[-1]) != total_q or int(cu_seqlens_q[0]) != 0):
+    if batch > 0 and (int(lens_q.min()) < 0 or int(cu_q[-1]) != total_q or int(cu_q[0]) != 0):
         raise ValueError(f"cu_seqlens_q: expected non-decreasing prefix sums from 0 to q's {total_q} tokens")
     if longest > max_seqlen_q:
         raise ValueError(f"max_seqlen_q: {max_seqlen_q} is less than the longest query sequence ({longest})")
     rows = max(int(max_seqlen_q), 1)
-    seq = torch.repeat_interleave(torch.arange(batch, device=q.device), lens_q.to(q.device), output_size=total_q)
-    pos = (torch.arange(total_q, device=q.device) - cu_seqlens_q[:-1].to(q.device).to(torch.int64)[seq]
-           + (rows - lens_q.to(q.device))[seq])
+    # token j of sequence b: row b, position rows − len_q[b] + (j − cu_q[b]) of the block
+    seq = torch.repeat_interleave(torch.arange(batch, device=q.device), lens_q, output_size=total_q)
+    pos = torch.arange(total_q, device=q.device) + (rows - lens_q - cu_q[:-1])[seq]
     block = q.new_zeros((batch, rows) + tuple(q.shape[1:]))
     block[seq, pos] = q
     out, lse = _ft.flash_attn_with_kvcache(block, k_cache, v_cache, cache_seqlens=lens_k, block_table=block_table,

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/common/dependent_launch.cuh"
 #include "cuda/common/quad_reduce.cuh"
 #include "cuda/kvcache/kv_args.hpp"
 #include "cuda/sm80/fragment_softmax.cuh"
@@ -27,6 +28,8 @@
 #include "cuda/sm80/smem_tile.cuh"
 
 namespace flashattn::cuda::kv {
+
+constexpr int kMaxSplits = 128;  // key splits per (sequence, KV head, row block)
 
 template <int kHeadDim, int kWarpsM>
 struct KvConfig {
@@ -102,6 +105,8 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   constexpr int kBM = C::kBlockM, kBN = C::kBlockN, kKW = C::kKeysPerWarp, kStages = C::kStages;
   constexpr int kNT = kKW / 8;       // n8 tiles of a warp's score band
   constexpr int kDT = kHeadDim / 8;  // n8 tiles of an output band
+  wait_for_prior_grid();  // the validation's flag, the appended rows
+  allow_dependent_launch();
   if (rejected(a)) return;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -432,45 +437,98 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   }
 }
 
-// Merges the splits of one packed row per warp, in split order, and writes out and the LSE.
+// Merges the splits of one packed row per CTA and writes out and the LSE. Warp w takes the splits
+// w, w + 4, w + 8, … in groups of eight: every lane loads the eight states and its columns
+// (4·lane + 128·q) of the eight accumulators together, so a group costs one memory round trip
+// whatever the split count (a split-by-split merge waited one round trip per split); each lane
+// folds the states in the same order, so all lanes agree. The four warps' results are then folded
+// in warp order through shared memory.
+constexpr int kCombineWarps = 4;
+
 template <class T>
-__global__ void __launch_bounds__(128) kv_combine_kernel(const KvArgs a) {
-  constexpr int kMaxPerLane = 256 / 32;
+__global__ void __launch_bounds__(32 * kCombineWarps) kv_combine_kernel(const KvArgs a) {
+  constexpr int kVecs = 256 / (4 * 32);  // float4 column groups per lane
+  constexpr int kGroup = 8;              // splits loaded together
+  __shared__ float4 w_acc[kCombineWarps][kVecs * 32];
+  __shared__ float2 w_st[kCombineWarps];
+  wait_for_prior_grid();
   if (rejected(a)) return;
-  const int64_t grow = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (grow >= int64_t(a.batch) * a.heads_kv * a.rows) return;
+  const int64_t grow = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = int(grow % a.rows), hkv = int((grow / a.rows) % a.heads_kv), b = int(grow / (int64_t(a.rows) * a.heads_kv));
   const float2* st = a.part_state + grow * a.splits;
   const float* acc = a.part + grow * a.splits * a.head_dim;
-  RowState s;
-  s.row_max = st[0].x;
-  s.row_sum = st[0].y;
-  float o[kMaxPerLane];
+  // Past head_dim a lane re-reads the last columns (never stored), past the last split the last
+  // split at weight 0: the loads need no predicate.
+  int col[kVecs];
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const int c = lane + 32 * k;
-    o[k] = c < a.head_dim ? acc[c] : 0.f;
+  for (int q = 0; q < kVecs; ++q) col[q] = min(4 * lane + 128 * q, a.head_dim - 4);
+
+  RowState s;
+  float4 o[kVecs] = {};
+  for (int first = warp; first < a.splits; first += kGroup * kCombineWarps) {
+    float2 gs[kGroup];
+    float4 v[kGroup][kVecs];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int sp = min(first + u * kCombineWarps, a.splits - 1);
+      gs[u] = st[sp];
+      if (first + u * kCombineWarps >= a.splits) gs[u] = make_float2(-HUGE_VALF, 0.f);
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) v[u][q] = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(sp) * a.head_dim + col[q]));
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      RowState other;
+      other.row_max = gs[u].x;
+      other.row_sum = gs[u].y;
+      float sa, sb;
+      if (!s.merge_scales(other, sa, sb)) continue;
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) {
+        o[q].x = o[q].x * sa + v[u][q].x * sb;
+        o[q].y = o[q].y * sa + v[u][q].y * sb;
+        o[q].z = o[q].z * sa + v[u][q].z * sb;
+        o[q].w = o[q].w * sa + v[u][q].w * sb;
+      }
+    }
   }
-  for (int sp = 1; sp < a.splits; ++sp) {
+#pragma unroll
+  for (int q = 0; q < kVecs; ++q) w_acc[warp][q * 32 + lane] = o[q];
+  if (lane == 0) w_st[warp] = make_float2(s.row_max, s.row_sum);
+  __syncthreads();
+  if (warp != 0) return;
+  s = RowState();
+#pragma unroll
+  for (int q = 0; q < kVecs; ++q) o[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) {
     RowState other;
-    other.row_max = st[sp].x;
-    other.row_sum = st[sp].y;
+    other.row_max = w_st[w].x;
+    other.row_sum = w_st[w].y;
     float sa, sb;
     if (!s.merge_scales(other, sa, sb)) continue;
 #pragma unroll
-    for (int k = 0; k < kMaxPerLane; ++k) {
-      const int c = lane + 32 * k;
-      if (c < a.head_dim) o[k] = o[k] * sa + acc[int64_t(sp) * a.head_dim + c] * sb;
+    for (int q = 0; q < kVecs; ++q) {
+      const float4 x = w_acc[w][q * 32 + lane];
+      o[q].x = o[q].x * sa + x.x * sb;
+      o[q].y = o[q].y * sa + x.y * sb;
+      o[q].z = o[q].z * sa + x.z * sb;
+      o[q].w = o[q].w * sa + x.w * sb;
     }
   }
   const int i = r / a.group, h = hkv * a.group + r % a.group;
   T* gO = static_cast<T*>(a.out) + int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head;
   const float inv = s.inv_sum();
 #pragma unroll
-  for (int k = 0; k < kMaxPerLane; ++k) {
-    const int c = lane + 32 * k;
-    if (c < a.head_dim) gO[c] = from_float<T>(o[k] * inv);
+  for (int q = 0; q < kVecs; ++q) {
+    const int c = 4 * lane + 128 * q;
+    if (c < a.head_dim) {  // head_dim is a multiple of 8
+      gO[c] = from_float<T>(o[q].x * inv);
+      gO[c + 1] = from_float<T>(o[q].y * inv);
+      gO[c + 2] = from_float<T>(o[q].z * inv);
+      gO[c + 3] = from_float<T>(o[q].w * inv);
+    }
   }
   if (lane == 0 && a.lse != nullptr) a.lse[int64_t(b) * a.lse_batch + int64_t(h) * a.lse_head + int64_t(i) * a.lse_row] = s.lse();
 }
@@ -479,6 +537,8 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const KvArgs a) {
 // their absolute positions and rounded once, values copied.
 template <class T>
 __global__ void __launch_bounds__(128) kv_append_kernel(const KvArgs a) {
+  wait_for_prior_grid();  // the validation's flag
+  allow_dependent_launch();
   if (rejected(a)) return;
   const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b · seqlen_new + j) · heads_kv + h
   const int lane = threadIdx.x % 32;

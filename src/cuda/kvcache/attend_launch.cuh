@@ -40,14 +40,14 @@ int attend_ctas_per_sm() {
 }
 
 template <class T, int kHeadDim, int kWarpsM>
-void run_attend(const KvArgs& a, cudaStream_t stream) {
+void run_attend(const KvArgs& a, bool after_kernel, cudaStream_t stream) {
   using C = KvConfig<kHeadDim, kWarpsM>;
   static_assert(C::kBlockM == block_rows(kWarpsM), "launch.hpp's block_rows matches the config");
   const int64_t ctas = int64_t(a.batch) * a.heads_kv * ((a.rows + C::kBlockM - 1) / C::kBlockM) * a.splits;
   if (ctas == 0) return;
-  auto kernel = attend_kernel<T, kHeadDim, kWarpsM>();
-  kernel<<<unsigned(ctas), C::kThreads, C::kSmemBytes, stream>>>(a);
-  check_launch("kv_attend_kernel");
+  attend_kernel<T, kHeadDim, kWarpsM>();  // the shared-memory attribute set
+  launch_dependent<kv_attend_kernel<T, kHeadDim, kWarpsM>>(after_kernel, unsigned(ctas), C::kThreads, C::kSmemBytes,
+                                                           stream, "kv_attend_kernel", a);
 }
 
 }  // namespace flashattn::cuda::kv

@@ -4,7 +4,7 @@
 //   [append]    the new tokens into the cache (keys rotated), kv_append_kernel
 //   attend      kv_attend_kernel, decode or prefill shape, one CTA per (sequence, KV head, row
 //               block, split)
-//   [combine]   with several splits, kv_combine_kernel merges them in split order
+//   [combine]   with several splits, kv_combine_kernel merges them in a fixed order
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -77,10 +77,16 @@ namespace {
 // check_on_device and graph capture: the range checks check_kvcache makes on the host when it
 // reads the values (src/core/check_kvcache.cpp), here on the device, one thread per (sequence,
 // block-table entry) so that long paged caches are checked in parallel; any failure sets *invalid
-// and every later kernel of the call returns without writing.
-__global__ void kv_validate_kernel(const KvArgs a, int64_t capacity, int64_t slots, int64_t rotary_len,
-                                   int64_t entries_per_seq, int* invalid) {
+// and every later kernel of the call returns without writing. A grid of one CTA writes the flag
+// itself (0 or 1); a larger one only sets it, over a flag zeroed before it.
+constexpr int kValidateThreads = 256, kValidateOneCta = 1024;  // entries checked by a one-CTA grid
+
+__global__ void __launch_bounds__(kValidateThreads) kv_validate_kernel(const KvArgs a, int64_t capacity, int64_t slots,
+                                                                       int64_t rotary_len, int64_t entries_per_seq,
+                                                                       int* invalid) {
+  allow_dependent_launch();
   const int64_t n = int64_t(a.batch) * entries_per_seq;
+  bool any = false;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int b = int(e / entries_per_seq);
     const int64_t i = e % entries_per_seq;
@@ -102,11 +108,15 @@ __global__ void kv_validate_kernel(const KvArgs a, int64_t capacity, int64_t slo
       if (a.seqlen_new > 0 && total - 1 > last) last = total - 1;
       bad = last >= rotary_len;
     }
-    if (bad) atomicExch(invalid, 1);
+    any = any || bad;
+  }
+  if (gridDim.x == 1) {
+    const int flag = __syncthreads_or(any);
+    if (threadIdx.x == 0) *invalid = flag != 0;
+  } else if (any) {
+    atomicExch(invalid, 1);
   }
 }
-
-constexpr int kMaxSplits = 128;
 
 int sm_count(int device) {
   int n = 0;
@@ -116,16 +126,19 @@ int sm_count(int device) {
 
 int kernel_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
+constexpr int kMinTilesPerSplit = 4;
+
 // The caller's split count (at most one per key tile), or the one that fills the GPU's CTA slots
 // (resident CTAs per SM × SMs) best: the fraction of the slots the last wave of CTAs uses is
-// ctas·s / (waves · slots); the smallest s within 5 % of the best fraction, each split at least two
-// key tiles of the cache's capacity. Chosen from shapes only (the lengths live on the device; a
+// ctas·s / (waves · slots); the smallest s within 5 % of the best fraction, each split at least
+// kMinTilesPerSplit key tiles of the cache's capacity (fewer, and the per-split fixed costs and the
+// combine outweigh the wider spread). Chosen from shapes only (the lengths live on the device; a
 // graph captured once replays with any lengths).
 int choose_splits(const detail::KVParams& p, int64_t ctas, int block_n, int64_t slots) {
   const int64_t capacity = p.paged ? p.max_pages * p.cache_rows : p.cache_rows;
   const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
   if (p.num_splits > 0) return int(std::min<int64_t>({int64_t(p.num_splits), tiles, kMaxSplits}));
-  const int64_t most = std::clamp<int64_t>(tiles / 2, 1, kMaxSplits);
+  const int64_t most = std::clamp<int64_t>(tiles / kMinTilesPerSplit, 1, kMaxSplits);
   auto filled = [&](int64_t s) {
     const int64_t n = ctas * s;
     return double(n) / double((n + slots - 1) / slots * slots);
@@ -158,7 +171,7 @@ int launch(const detail::KVParams& p, KvArgs a, cudaStream_t stream) {
   const int block_n = decode || hd <= 128 ? 64 : 32;
   const int64_t ctas = p.batch * p.heads_kv * ((a.rows + block_m - 1) / block_m);
   const int warps_m = decode ? 1 : 4;
-  using Run = void (*)(const KvArgs&, cudaStream_t);
+  using Run = void (*)(const KvArgs&, bool, cudaStream_t);
   using Fit = int (*)();
   const Run runs[3][2] = {{run_attend<T, 64, 1>, run_attend<T, 64, 4>},
                           {run_attend<T, 128, 1>, run_attend<T, 128, 4>},
@@ -175,7 +188,7 @@ int launch(const detail::KVParams& p, KvArgs a, cudaStream_t stream) {
   // One scratch allocation per call: the split partials (state, then accumulators) and the
   // validation flag.
   const int64_t rows_total = p.batch * p.heads_kv * a.rows;
-  const size_t state_bytes = a.splits > 1 ? size_t(rows_total * a.splits) * sizeof(float2) : 0;
+  const size_t state_bytes = a.splits > 1 ? (size_t(rows_total * a.splits) * sizeof(float2) + 15) / 16 * 16 : 0;  // acc: float4 loads
   const size_t part_bytes = a.splits > 1 ? size_t(rows_total * a.splits * p.head_dim) * sizeof(float) : 0;
   const size_t flag_bytes = p.values_on_device ? sizeof(int) : 0;
   DeviceScratch scratch(state_bytes + part_bytes + flag_bytes, stream);
@@ -184,26 +197,29 @@ int launch(const detail::KVParams& p, KvArgs a, cudaStream_t stream) {
     a.part_state = reinterpret_cast<float2*>(base);
     a.part = reinterpret_cast<float*>(base + state_bytes);
   }
+  // Each kernel after the first is a programmatic dependent of the one before (sm_90): its launch
+  // overlaps that kernel's tail, and it waits for that kernel's writes before reading them.
+  bool after_kernel = false;
   if (p.values_on_device) {
     int* flag = reinterpret_cast<int*>(base + state_bytes + part_bytes);
-    check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync (kv validation flag)");
     const int64_t capacity = p.paged ? p.max_pages * p.cache_rows : p.cache_rows;
-    const int64_t entries = p.paged ? p.max_pages : 1, threads = p.batch * entries;
-    const unsigned blocks = unsigned(std::clamp<int64_t>((threads + 255) / 256, 1, 1024));
-    kv_validate_kernel<<<blocks, 256, 0, stream>>>(a, capacity, p.cache_batch, p.rotary_len, entries, flag);
+    const int64_t entries = p.paged ? p.max_pages : 1, n = p.batch * entries;
+    const unsigned blocks = n <= kValidateOneCta ? 1u
+                                                 : unsigned(std::clamp<int64_t>((n + kValidateThreads - 1) / kValidateThreads, 1, 1024));
+    if (blocks > 1) check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync (kv validation flag)");
+    kv_validate_kernel<<<blocks, kValidateThreads, 0, stream>>>(a, capacity, p.cache_batch, p.rotary_len, entries, flag);
     check_launch("kv_validate_kernel");
     a.invalid = flag;
+    after_kernel = true;
   }
   if (p.seqlen_new > 0) {
     const int64_t items = p.batch * p.seqlen_new * p.heads_kv;
-    kv_append_kernel<T><<<unsigned((items + 3) / 4), 128, 0, stream>>>(a);
-    check_launch("kv_append_kernel");
+    launch_dependent<kv_append_kernel<T>>(after_kernel, unsigned((items + 3) / 4), 128, 0, stream, "kv_append_kernel", a);
+    after_kernel = true;
   }
-  runs[which][shape](a, stream);
-  if (a.splits > 1) {
-    kv_combine_kernel<T><<<unsigned((rows_total + 3) / 4), 128, 0, stream>>>(a);
-    check_launch("kv_combine_kernel");
-  }
+  runs[which][shape](a, after_kernel, stream);
+  if (a.splits > 1)
+    launch_dependent<kv_combine_kernel<T>>(true, unsigned(rows_total), 32 * kCombineWarps, 0, stream, "kv_combine_kernel", a);
   return a.splits;
 }
 

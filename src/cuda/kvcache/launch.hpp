@@ -10,9 +10,11 @@
 
 namespace flashattn::cuda::kv {
 
-// Launches kv_attend_kernel over a.batch · a.heads_kv · row blocks · a.splits CTAs.
+// Launches kv_attend_kernel over a.batch · a.heads_kv · row blocks · a.splits CTAs; after_kernel:
+// the call launched a kernel before it on the stream (the attend kernel is then launched as its
+// programmatic dependent, common/dependent_launch.cuh).
 template <class T, int kHeadDim, int kWarpsM>
-void run_attend(const KvArgs& a, cudaStream_t stream);
+void run_attend(const KvArgs& a, bool after_kernel, cudaStream_t stream);
 
 // CTAs of that kernel resident per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor, its shared
 // memory included), for the split choice.

@@ -6,13 +6,14 @@ One query token per sequence attends to the whole cache (H 32 over Hkv 8, d 128)
   cuda: bf16, B 1, 8, 64, 128 over cache 4K, 32K, 128K, contiguous and paged (16)
 Ours: `flashattn decode --json` (its time is the median of --reps calls, each after the caches are
 flushed; its read bandwidth is the machine's, measured by the program). PyTorch: scaled_dot_product_attention
-with enable_gqa=True over the dense cache (B, Hkv, cache, d), timed the same way (a write over twice
-the last-level cache / L2 before each call; CPU: wall time, torch.set_num_threads as OMP_NUM_THREADS
-for ours; CUDA: events, the flash and cuDNN backends separately through sdpa_kernel). Rates count the
-KV bytes only, 2·B·cache·Hkv·d·element size, for both.
+with enable_gqa=True over the dense cache (B, Hkv, cache, d), timed the same way (a read of twice the
+last-level cache / L2 of another buffer before each call, or with --flush write a write of it, whose
+dirty lines' write-backs then overlap the call; CPU: wall time, torch.set_num_threads as
+OMP_NUM_THREADS for ours; CUDA: events, the flash and cuDNN backends separately through sdpa_kernel).
+Rates count the KV bytes only, 2·B·cache·Hkv·d·element size, for both.
 
 usage: decode_vs_torch.py --flashattn build/tools/flashattn [--device cpu|cuda] [--threads N]
-                          [--reps 10] [--json rows.json]
+                          [--reps 10] [--flush read|write] [--json rows.json]
 Without PyTorch, prints ours only and says so.
 """
 import argparse
@@ -34,14 +35,14 @@ def shapes(device):
     return [(dt, p, 1, n) for dt in ("f32", "bf16") for p in (0, 16) for n in (32768, 131072)]
 
 
-def ours(binary, device, dtype, page, batches, caches, threads, reps):
+def ours(binary, device, dtype, page, batches, caches, threads, reps, flush):
     """Rows of one `flashattn decode --json` run, keyed by (batch, cache); the build line it printed."""
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [binary, "decode", "--device", device, "--dtype", dtype, "--batch", *map(str, batches),
            "--cache", *map(str, caches), "--heads", str(H), "--heads-kv", str(HKV), "--head-dim", str(D),
-           "--paged", str(page), "--reps", str(reps), "--json"]
+           "--paged", str(page), "--reps", str(reps), "--flush", flush, "--json"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     info = next((ln.strip() for ln in r.stderr.splitlines() if ln.startswith("flashattn: ")), "")
     try:
@@ -55,7 +56,7 @@ def ours(binary, device, dtype, page, batches, caches, threads, reps):
 class Torch:
     """PyTorch's SDPA for one query token over a dense cache, timed as flashattn decode times itself."""
 
-    def __init__(self, device, threads):
+    def __init__(self, device, threads, flush):
         import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -71,7 +72,8 @@ class Torch:
             self.machine = cpu_model()
             self.backends = {"flash": SDPBackend.FLASH_ATTENTION}
             flush_bytes = 2 * last_level_cache()
-        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+        self.flush = torch.zeros(flush_bytes, dtype=torch.uint8, device=device)
+        self.write_flush = flush == "write"
         self.version = torch.__version__
 
     def time_ms(self, dtype, batch, cache, backend, reps):
@@ -89,7 +91,10 @@ class Torch:
         call()  # warm-up; raises where the backend does not take the shape
         times = []
         for r in range(reps):
-            self.flush.fill_(r & 0xFF)
+            if self.write_flush:
+                self.flush.fill_(r & 0xFF)
+            else:
+                self.flush.max()  # a read of every byte (a reduction to one element)
             if self.device == "cuda":
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
@@ -133,6 +138,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads, both sides")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--flush", choices=["read", "write"], default="read",
+                    help="before each call, both sides: read (or write) twice the last-level cache / L2")
     ap.add_argument("--json", help="write every row (ours and PyTorch's) here")
     a = ap.parse_args()
 
@@ -141,7 +148,7 @@ def main():
     for dtype, page in sorted({(s[0], s[1]) for s in todo}):
         sel = [s for s in todo if s[:2] == (dtype, page)]
         rows, info, err = ours(a.flashattn, a.device, dtype, page, sorted({s[2] for s in sel}),
-                               sorted({s[3] for s in sel}), a.threads, a.reps)
+                               sorted({s[3] for s in sel}), a.threads, a.reps, a.flush)
         if info and not mine and not errors:
             print(f"# {info[:400]}", flush=True)
         for key, row in rows.items():
@@ -150,7 +157,7 @@ def main():
             errors[(dtype, page)] = err
 
     try:
-        torch_side = Torch(a.device, a.threads)
+        torch_side = Torch(a.device, a.threads, a.flush)
         backends = list(torch_side.backends)
         print(f"# PyTorch {torch_side.version}, SDPA backends: {', '.join(backends)}", flush=True)
     except Exception as e:  # absent, or no device for it
@@ -178,7 +185,7 @@ def main():
         kv_bytes = 2 * batch * cache * HKV * D * ELEM[dtype]
         row = mine.get((dtype, page, batch, cache))
         rec = {"device": a.device, "machine": machine, "dtype": dtype, "batch": batch, "cache_len": cache,
-               "heads": H, "heads_kv": HKV, "head_dim": D, "page_size": page, "kv_bytes": kv_bytes,
+               "heads": H, "heads_kv": HKV, "head_dim": D, "page_size": page, "kv_bytes": kv_bytes, "flush": a.flush,
                "ours": row if row is not None else {"error": errors.get((dtype, page), "no row")}}
         if a.device == "cpu":
             rec["threads"] = a.threads

@@ -96,6 +96,7 @@ struct DecodeArgs {
   bool append = false;              // each call also appends one new token (cache_seqlens = len - 1)
   bool pages_in_order = false;      // --pages-in-order: a paged cache's block table 0, 1, 2, ... (else shuffled)
   bool heads_first = false;         // --heads-first: each KV head's rows contiguous ((B, Hkv, N, d) or (pages, Hkv, P, d))
+  std::string flush = "read";       // before each timed call, read (or write) twice the last-level cache / L2
   int reps = 10;
   int check_rows = 4;               // sampled (sequence, head) rows checked against float64 (0 = off)
   bool json = false;
@@ -107,6 +108,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os);
 // and `count` N(0, 1) values in dtype written to device memory by a counter-based generator keyed by seed.
 double cuda_read_bandwidth(size_t bytes, int reps);
 void cuda_fill_normal(void* data, DType dtype, size_t count, uint64_t seed);
+void cuda_read_flush(const void* data, size_t bytes);  // one read of every byte, on the default stream
 
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);

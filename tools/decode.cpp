@@ -203,7 +203,7 @@ ReadBandwidth cpu_read_bandwidth() {
 // What the program prints about the machine: its name (CPU model or GPU), and the rest of the header.
 struct Machine {
   std::string name, header;
-  size_t flush_bytes = 0;  // written before every timed call: twice the last-level cache (CPU) or the L2 (GPU)
+  size_t flush_bytes = 0;  // passed over before every timed call: twice the last-level cache (CPU) or the L2 (GPU)
   std::string flush_what;
 };
 
@@ -396,20 +396,36 @@ double sampled_error(const Case& c, const Dims& d, int rows, uint64_t seed) {
   return err;
 }
 
-// Median ms of `reps` calls (after the caller's warm-up), each after a write over `flush`, so that
-// every call finds the caches cold, as a decoding step does once the other layers' caches have
-// passed through. CPU: wall time around the call; CUDA: events on the default stream around it.
-double time_calls(Device device, const std::function<void()>& call, int reps, Buffer& flush) {
+volatile uint64_t flush_sink = 0;  // keeps the CPU read pass
+
+// Median ms of `reps` calls (after the caller's warm-up), each after a pass over `flush` (read, or
+// written with `write_flush`), so that every call finds the caches cold, as a decoding step does once
+// the other layers' weights and caches have passed through. A read pass leaves clean lines; a write
+// pass leaves the cache full of dirty ones, whose write-backs then overlap the timed call. CPU: wall
+// time around the call; CUDA: events on the default stream around it.
+double time_calls(Device device, const std::function<void()>& call, int reps, Buffer& flush, bool write_flush) {
   std::vector<double> times;
   if (device == Device::cpu) {
     char* f = static_cast<char*>(flush.data());
     const size_t bytes = flush.bytes();
     for (int r = 0; r < reps; ++r) {
-#pragma omp parallel
+      uint64_t folded = 0;
+#pragma omp parallel reduction(^ : folded)
       {
         const size_t n = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num()), chunk = bytes / n;
-        std::memset(f + t * chunk, r & 0xff, t + 1 == n ? bytes - t * chunk : chunk);
+        char* mine = f + t * chunk;
+        const size_t len = t + 1 == n ? bytes - t * chunk : chunk;
+        if (write_flush) {
+          std::memset(mine, r & 0xff, len);
+        } else {
+          for (size_t i = 0; i + 8 <= len; i += 64) {  // one word per 64-byte line
+            uint64_t w;
+            std::memcpy(&w, mine + i, 8);
+            folded ^= w;
+          }
+        }
       }
+      flush_sink = folded;
       const auto t0 = std::chrono::steady_clock::now();
       call();
       times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -421,7 +437,10 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
     cuda_check(cudaEventCreate(&end), "cudaEventCreate");
     try {
       for (int r = 0; r < reps; ++r) {
-        cuda_check(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync");
+        if (write_flush)
+          cuda_check(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync");
+        else
+          cuda_read_flush(flush.data(), flush.bytes());
         cuda_check(cudaEventRecord(begin, nullptr), "cudaEventRecord");
         call();
         cuda_check(cudaEventRecord(end, nullptr), "cudaEventRecord");
@@ -514,11 +533,12 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     std::string row = strprintf("{\"device\":\"%s\",\"machine\":%s,", to_string(device), json_string(m.name).c_str());
     if (!gpu) row += strprintf("\"threads\":%d,", omp_get_max_threads());
     row += strprintf("\"dtype\":\"%s\",\"batch\":%lld,\"seqlen_q\":1,\"cache_len\":%lld,\"heads\":%lld,\"heads_kv\":%lld,"
-                     "\"head_dim\":%lld,\"layout\":\"%s\",\"page_size\":%lld,\"heads_first\":%s,\"append\":%s,\"kv_bytes\":%s",
+                     "\"head_dim\":%lld,\"layout\":\"%s\",\"page_size\":%lld,\"heads_first\":%s,\"append\":%s,\"flush\":\"%s\","
+                     "\"kv_bytes\":%s",
                      to_string(d.dtype), (long long)s.batch, (long long)s.len, (long long)d.heads,
                      (long long)d.heads_kv, (long long)d.head_dim, d.page_size > 0 ? "paged" : "contiguous",
                      (long long)d.page_size, d.heads_first ? "true" : "false", a.append ? "true" : "false",
-                     json_number(kv_bytes).c_str());
+                     a.flush.c_str(), json_number(kv_bytes).c_str());
     auto emit = [&](const std::string& json_tail, const std::string& table_line) {
       if (a.json) {
         os << (first ? "  " : ",\n  ") << row << json_tail << "}";
@@ -567,7 +587,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     }
     const std::string path = last_kernel_path();
     const int splits = last_kvcache_splits();  // what the warm-up call used (shapes and thread count decide)
-    const double ms = time_calls(device, call, a.reps, flush);
+    const double ms = time_calls(device, call, a.reps, flush, a.flush == "write");
     const double rate = kv_bytes / (ms * 1e-3), fraction = rate / bw.bytes_per_s;
     double err = NAN;
     const double tol = sampled_error_bound(d.dtype);
@@ -596,9 +616,10 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
       os << strprintf("%zu more shape%s not run: forward_kvcache is not supported on this device in this build.\n",
                       shapes.size() - index, shapes.size() - index == 1 ? "" : "s");
     os << strprintf("\nof read BW: KV bytes read per second over the read bandwidth above; KV bytes = "
-                    "2·B·cache·Hkv·d·%zu (%s). time: median of %d calls, each after %s written over %s, so that "
+                    "2·B·cache·Hkv·d·%zu (%s). time: median of %d calls, each after %s %s over %s, so that "
                     "it starts with the caches cold.\n",
-                    e, to_string(d.dtype), a.reps, human_bytes(double(m.flush_bytes)).c_str(), m.flush_what.c_str());
+                    e, to_string(d.dtype), a.reps, human_bytes(double(m.flush_bytes)).c_str(),
+                    a.flush == "write" ? "written" : "read", m.flush_what.c_str());
     os << "splits: the key splits the call used (last_kvcache_splits(); --splits 0 lets the library choose).\n";
     if (a.check_rows > 0)
       os << strprintf("max_err: %d sampled (sequence, head) rows against a float64 softmax over the cache contents; "

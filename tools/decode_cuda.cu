@@ -97,6 +97,14 @@ double cuda_read_bandwidth(size_t bytes, int reps) {
   return double(bytes) / (double(best) * 1e-3);
 }
 
+// The kernel's store target is the buffer's own first word (a store happens only if the xor of all
+// words is 0x12345u; the flush buffer's contents do not matter).
+void cuda_read_flush(const void* data, size_t bytes) {
+  read_words<<<grid_for(4), 512>>>(static_cast<const uint4*>(data), bytes / sizeof(uint4), 0x12345u,
+                                   static_cast<unsigned*>(const_cast<void*>(data)));
+  check(cudaGetLastError(), "read flush kernel launch");
+}
+
 void cuda_fill_normal(void* data, DType dtype, size_t count, uint64_t seed) {
   const int threads = 256, blocks = grid_for(8);
   if (dtype == DType::f32)

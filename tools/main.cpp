@@ -117,6 +117,12 @@ int main(int argc, char** argv) {
   c_decode->add_flag("--heads-first", decode.heads_first,
                      "the cache laid out heads first: (B, Hkv, N, d), or (pages, Hkv, P, d) paged, each KV head's "
                      "rows contiguous (as Hugging Face's cache holds them); default tokens first, (B, N, Hkv, d)");
+  c_decode->add_option("--flush", decode.flush,
+                       "how each timed call finds the caches cold: read (twice the last-level cache / L2 of another "
+                       "buffer read, which leaves clean lines, as a model's other layers mostly do) or write (the same "
+                       "bytes written: the dirty lines' write-backs then overlap the call)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"read", "write"}));
   c_decode->add_flag("--append", decode.append, "each call also appends one new token (cache_seqlens = cache - 1)");
   c_decode->add_option("--reps", decode.reps, "timed calls (median)")->capture_default_str();
   c_decode->add_option("--check-rows", decode.check_rows, "sampled rows checked against float64 (0 = off)")

@@ -704,18 +704,20 @@ TEST(ToolsDecode, JsonRowsParseWithSmallErrorsAndEveryField) {
     int64_t page_size;
     int splits;
     bool append, heads_first;
+    const char* flush;
   };
   // heads_first: the cache's strides put each KV head's rows together; the float64 reference
   // reads the cache back through the same layout, so a misread stride fails the error bound.
-  for (const Variant& v : {Variant{0, 0, false, false}, Variant{7, 3, true, false}, Variant{0, 2, false, true},
-                           Variant{16, 0, true, true}}) {
-    SCOPED_TRACE(strprintf("page_size %lld splits %d append %d heads_first %d", (long long)v.page_size, v.splits,
-                           int(v.append), int(v.heads_first)));
+  for (const Variant& v : {Variant{0, 0, false, false, "read"}, Variant{7, 3, true, false, "write"},
+                           Variant{0, 2, false, true, "read"}, Variant{16, 0, true, true, "write"}}) {
+    SCOPED_TRACE(strprintf("page_size %lld splits %d append %d heads_first %d flush %s", (long long)v.page_size,
+                           v.splits, int(v.append), int(v.heads_first), v.flush));
     DecodeArgs a = small_decode();
     a.page_size = v.page_size;
     a.splits = v.splits;
     a.append = v.append;
     a.heads_first = v.heads_first;
+    a.flush = v.flush;
     std::ostringstream os;
     ASSERT_EQ(run_decode(a, os), 0) << os.str();
     const std::string text = os.str();
@@ -751,6 +753,7 @@ TEST(ToolsDecode, JsonRowsParseWithSmallErrorsAndEveryField) {
     EXPECT_EQ(text.find("\"ok\":false"), std::string::npos) << text;
     EXPECT_NE(text.find(v.append ? "\"append\":true" : "\"append\":false"), std::string::npos) << text;
     EXPECT_NE(text.find(v.heads_first ? "\"heads_first\":true" : "\"heads_first\":false"), std::string::npos) << text;
+    EXPECT_EQ(json_strings(text, "flush"), std::vector<std::string>(6, v.flush));
   }
 }
 

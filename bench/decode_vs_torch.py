@@ -9,11 +9,13 @@ flushed; its read bandwidth is the machine's, measured by the program). PyTorch:
 with enable_gqa=True over the dense cache (B, Hkv, cache, d), timed the same way (a read of twice the
 last-level cache / L2 of another buffer before each call, or with --flush write a write of it, whose
 dirty lines' write-backs then overlap the call; CPU: wall time, torch.set_num_threads as
-OMP_NUM_THREADS for ours; CUDA: events, the flash and cuDNN backends separately through sdpa_kernel).
+OMP_NUM_THREADS for ours; CUDA: events, the flash and cuDNN backends separately through sdpa_kernel,
+each call after a GPU wait of --queue-ahead µs queued behind the flush, so that the host's work
+for the call, PyTorch's dispatch or ours, overlaps it and the events time the GPU alone).
 Rates count the KV bytes only, 2·B·cache·Hkv·d·element size, for both.
 
 usage: decode_vs_torch.py --flashattn build/tools/flashattn [--device cpu|cuda] [--threads N]
-                          [--reps 10] [--flush read|write] [--json rows.json]
+                          [--reps 10] [--flush read|write] [--queue-ahead 200] [--json rows.json]
 Without PyTorch, prints ours only and says so.
 """
 import argparse
@@ -35,14 +37,14 @@ def shapes(device):
     return [(dt, p, 1, n) for dt in ("f32", "bf16") for p in (0, 16) for n in (32768, 131072)]
 
 
-def ours(binary, device, dtype, page, batches, caches, threads, reps, flush):
+def ours(binary, device, dtype, page, batches, caches, threads, reps, flush, queue_us):
     """Rows of one `flashattn decode --json` run, keyed by (batch, cache); the build line it printed."""
     env = dict(os.environ)
     if device == "cpu":
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [binary, "decode", "--device", device, "--dtype", dtype, "--batch", *map(str, batches),
            "--cache", *map(str, caches), "--heads", str(H), "--heads-kv", str(HKV), "--head-dim", str(D),
-           "--paged", str(page), "--reps", str(reps), "--flush", flush, "--json"]
+           "--paged", str(page), "--reps", str(reps), "--flush", flush, "--queue-ahead", str(queue_us), "--json"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     info = next((ln.strip() for ln in r.stderr.splitlines() if ln.startswith("flashattn: ")), "")
     try:
@@ -56,7 +58,7 @@ def ours(binary, device, dtype, page, batches, caches, threads, reps, flush):
 class Torch:
     """PyTorch's SDPA for one query token over a dense cache, timed as flashattn decode times itself."""
 
-    def __init__(self, device, threads, flush):
+    def __init__(self, device, threads, flush, queue_us):
         import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -74,6 +76,15 @@ class Torch:
             flush_bytes = 2 * last_level_cache()
         self.flush = torch.zeros(flush_bytes, dtype=torch.uint8, device=device)
         self.write_flush = flush == "write"
+        self.wait_cycles = 0
+        if device == "cuda" and queue_us > 0:  # torch.cuda._sleep spins in GPU clock cycles: measure them
+            torch.cuda._sleep(1000)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            torch.cuda._sleep(10_000_000)
+            end.record()
+            end.synchronize()
+            self.wait_cycles = int(queue_us * 1e-3 * 10_000_000 / begin.elapsed_time(end))
         self.version = torch.__version__
 
     def time_ms(self, dtype, batch, cache, backend, reps):
@@ -95,6 +106,8 @@ class Torch:
                 self.flush.fill_(r & 0xFF)
             else:
                 self.flush.max()  # a read of every byte (a reduction to one element)
+            if self.wait_cycles:
+                torch.cuda._sleep(self.wait_cycles)
             if self.device == "cuda":
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
@@ -140,6 +153,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--flush", choices=["read", "write"], default="read",
                     help="before each call, both sides: read (or write) twice the last-level cache / L2")
+    ap.add_argument("--queue-ahead", type=float, default=200.0,
+                    help="CUDA: µs of GPU wait queued after the flush before each call, both sides, so that the "
+                         "host's launch work overlaps it and the events time the GPU (0 = none)")
     ap.add_argument("--json", help="write every row (ours and PyTorch's) here")
     a = ap.parse_args()
 
@@ -148,7 +164,7 @@ def main():
     for dtype, page in sorted({(s[0], s[1]) for s in todo}):
         sel = [s for s in todo if s[:2] == (dtype, page)]
         rows, info, err = ours(a.flashattn, a.device, dtype, page, sorted({s[2] for s in sel}),
-                               sorted({s[3] for s in sel}), a.threads, a.reps, a.flush)
+                               sorted({s[3] for s in sel}), a.threads, a.reps, a.flush, a.queue_ahead)
         if info and not mine and not errors:
             print(f"# {info[:400]}", flush=True)
         for key, row in rows.items():
@@ -157,7 +173,7 @@ def main():
             errors[(dtype, page)] = err
 
     try:
-        torch_side = Torch(a.device, a.threads, a.flush)
+        torch_side = Torch(a.device, a.threads, a.flush, a.queue_ahead)
         backends = list(torch_side.backends)
         print(f"# PyTorch {torch_side.version}, SDPA backends: {', '.join(backends)}", flush=True)
     except Exception as e:  # absent, or no device for it
@@ -186,6 +202,7 @@ def main():
         row = mine.get((dtype, page, batch, cache))
         rec = {"device": a.device, "machine": machine, "dtype": dtype, "batch": batch, "cache_len": cache,
                "heads": H, "heads_kv": HKV, "head_dim": D, "page_size": page, "kv_bytes": kv_bytes, "flush": a.flush,
+               "queue_ahead_us": a.queue_ahead if a.device == "cuda" else 0,
                "ours": row if row is not None else {"error": errors.get((dtype, page), "no row")}}
         if a.device == "cpu":
             rec["threads"] = a.threads

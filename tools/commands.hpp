@@ -97,6 +97,7 @@ struct DecodeArgs {
   bool pages_in_order = false;      // --pages-in-order: a paged cache's block table 0, 1, 2, ... (else shuffled)
   bool heads_first = false;         // --heads-first: each KV head's rows contiguous ((B, Hkv, N, d) or (pages, Hkv, P, d))
   std::string flush = "read";       // before each timed call, read (or write) twice the last-level cache / L2
+  double queue_us = 200;            // CUDA: a GPU wait of this many µs queued before each timed call (0 = none)
   int reps = 10;
   int check_rows = 4;               // sampled (sequence, head) rows checked against float64 (0 = off)
   bool json = false;
@@ -109,6 +110,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os);
 double cuda_read_bandwidth(size_t bytes, int reps);
 void cuda_fill_normal(void* data, DType dtype, size_t count, uint64_t seed);
 void cuda_read_flush(const void* data, size_t bytes);  // one read of every byte, on the default stream
+void cuda_queue_wait(double us);                       // a one-thread kernel that waits `us` µs, default stream
 
 // Parsing helpers shared by the subcommands; throw Error naming the option.
 Device parse_device(const std::string& s);

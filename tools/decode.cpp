@@ -402,8 +402,11 @@ volatile uint64_t flush_sink = 0;  // keeps the CPU read pass
 // written with `write_flush`), so that every call finds the caches cold, as a decoding step does once
 // the other layers' weights and caches have passed through. A read pass leaves clean lines; a write
 // pass leaves the cache full of dirty ones, whose write-backs then overlap the timed call. CPU: wall
-// time around the call; CUDA: events on the default stream around it.
-double time_calls(Device device, const std::function<void()>& call, int reps, Buffer& flush, bool write_flush) {
+// time around the call; CUDA: events on the default stream around it, after a wait of queue_us
+// queued behind the flush, so that the host's work for the call overlaps that wait instead of
+// leaving the GPU idle between the events.
+double time_calls(Device device, const std::function<void()>& call, int reps, Buffer& flush, bool write_flush,
+                  double queue_us) {
   std::vector<double> times;
   if (device == Device::cpu) {
     char* f = static_cast<char*>(flush.data());
@@ -441,6 +444,7 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
           cuda_check(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync");
         else
           cuda_read_flush(flush.data(), flush.bytes());
+        if (queue_us > 0) cuda_queue_wait(queue_us);
         cuda_check(cudaEventRecord(begin, nullptr), "cudaEventRecord");
         call();
         cuda_check(cudaEventRecord(end, nullptr), "cudaEventRecord");
@@ -534,11 +538,11 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     if (!gpu) row += strprintf("\"threads\":%d,", omp_get_max_threads());
     row += strprintf("\"dtype\":\"%s\",\"batch\":%lld,\"seqlen_q\":1,\"cache_len\":%lld,\"heads\":%lld,\"heads_kv\":%lld,"
                      "\"head_dim\":%lld,\"layout\":\"%s\",\"page_size\":%lld,\"heads_first\":%s,\"append\":%s,\"flush\":\"%s\","
-                     "\"kv_bytes\":%s",
+                     "\"queue_ahead_us\":%s,\"kv_bytes\":%s",
                      to_string(d.dtype), (long long)s.batch, (long long)s.len, (long long)d.heads,
                      (long long)d.heads_kv, (long long)d.head_dim, d.page_size > 0 ? "paged" : "contiguous",
                      (long long)d.page_size, d.heads_first ? "true" : "false", a.append ? "true" : "false",
-                     a.flush.c_str(), json_number(kv_bytes).c_str());
+                     a.flush.c_str(), json_number(gpu ? a.queue_us : 0.0).c_str(), json_number(kv_bytes).c_str());
     auto emit = [&](const std::string& json_tail, const std::string& table_line) {
       if (a.json) {
         os << (first ? "  " : ",\n  ") << row << json_tail << "}";
@@ -587,7 +591,7 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     }
     const std::string path = last_kernel_path();
     const int splits = last_kvcache_splits();  // what the warm-up call used (shapes and thread count decide)
-    const double ms = time_calls(device, call, a.reps, flush, a.flush == "write");
+    const double ms = time_calls(device, call, a.reps, flush, a.flush == "write", a.queue_us);
     const double rate = kv_bytes / (ms * 1e-3), fraction = rate / bw.bytes_per_s;
     double err = NAN;
     const double tol = sampled_error_bound(d.dtype);
@@ -617,9 +621,14 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
                       shapes.size() - index, shapes.size() - index == 1 ? "" : "s");
     os << strprintf("\nof read BW: KV bytes read per second over the read bandwidth above; KV bytes = "
                     "2·B·cache·Hkv·d·%zu (%s). time: median of %d calls, each after %s %s over %s, so that "
-                    "it starts with the caches cold.\n",
+                    "it starts with the caches cold%s.\n",
                     e, to_string(d.dtype), a.reps, human_bytes(double(m.flush_bytes)).c_str(),
-                    a.flush == "write" ? "written" : "read", m.flush_what.c_str());
+                    a.flush == "write" ? "written" : "read", m.flush_what.c_str(),
+                    gpu && a.queue_us > 0
+                        ? strprintf(", and after a %.0f µs GPU wait queued behind that, so that the host's launch "
+                                    "work overlaps it and the events time the GPU",
+                                    a.queue_us).c_str()
+                        : "");
     os << "splits: the key splits the call used (last_kvcache_splits(); --splits 0 lets the library choose).\n";
     if (a.check_rows > 0)
       os << strprintf("max_err: %d sampled (sequence, head) rows against a float64 softmax over the cache contents; "

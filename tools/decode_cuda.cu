@@ -105,6 +105,20 @@ void cuda_read_flush(const void* data, size_t bytes) {
   check(cudaGetLastError(), "read flush kernel launch");
 }
 
+__global__ void wait_ns(uint64_t ns) {
+  uint64_t t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+void cuda_queue_wait(double us) {
+  wait_ns<<<1, 1>>>(uint64_t(us * 1e3));
+  check(cudaGetLastError(), "queue wait kernel launch");
+}
+
 void cuda_fill_normal(void* data, DType dtype, size_t count, uint64_t seed) {
   const int threads = 256, blocks = grid_for(8);
   if (dtype == DType::f32)

@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
                        "bytes written: the dirty lines' write-backs then overlap the call)")
       ->capture_default_str()
       ->check(CLI::IsMember({"read", "write"}));
+  c_decode->add_option("--queue-ahead", decode.queue_us,
+                       "CUDA: µs of GPU wait queued after the flush and before each timed call, so that the host's "
+                       "launch work for the call overlaps it and the events time the GPU alone (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   c_decode->add_flag("--append", decode.append, "each call also appends one new token (cache_seqlens = cache - 1)");
   c_decode->add_option("--reps", decode.reps, "timed calls (median)")->capture_default_str();
   c_decode->add_option("--check-rows", decode.check_rows, "sampled rows checked against float64 (0 = off)")

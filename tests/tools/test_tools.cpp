@@ -754,6 +754,7 @@ TEST(ToolsDecode, JsonRowsParseWithSmallErrorsAndEveryField) {
     EXPECT_NE(text.find(v.append ? "\"append\":true" : "\"append\":false"), std::string::npos) << text;
     EXPECT_NE(text.find(v.heads_first ? "\"heads_first\":true" : "\"heads_first\":false"), std::string::npos) << text;
     EXPECT_EQ(json_strings(text, "flush"), std::vector<std::string>(6, v.flush));
+    EXPECT_EQ(json_numbers(text, "queue_ahead_us"), std::vector<double>(6, 0.0)) << text;  // CUDA only
   }
 }
 
@@ -818,6 +819,7 @@ TEST(ToolsDecode, CudaRowsOrTheUnsupportedError) {
   a.device = "cuda";
   a.dtype = "bf16";
   a.page_size = 16;
+  a.queue_us = 50;
   std::ostringstream os;
   const int rc = run_decode(a, os);
   const std::string text = os.str();
@@ -829,5 +831,6 @@ TEST(ToolsDecode, CudaRowsOrTheUnsupportedError) {
     EXPECT_EQ(rc, 0) << text;
     EXPECT_EQ(json_numbers(text, "max_err").size(), 6u) << text;
     EXPECT_EQ(text.find("\"ok\":false"), std::string::npos) << text;
+    EXPECT_EQ(json_numbers(text, "queue_ahead_us"), std::vector<double>(6, 50.0)) << text;
   }
 }

@@ -444,6 +444,24 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 // in warp order through shared memory.
 constexpr int kCombineWarps = 4;
 
+// Folds a partial result (state st = (row_max, row_sum), accumulator columns x) into (s, o):
+// SoftmaxState::merge_scales on the states, o·a + x·b on the columns.
+template <int kVecs>
+__device__ __forceinline__ void fold_partial(RowState& s, float4 (&o)[kVecs], float2 st, const float4 (&x)[kVecs]) {
+  RowState other;
+  other.row_max = st.x;
+  other.row_sum = st.y;
+  float a, b;
+  if (!s.merge_scales(other, a, b)) return;  // both empty
+#pragma unroll
+  for (int q = 0; q < kVecs; ++q) {
+    o[q].x = o[q].x * a + x[q].x * b;
+    o[q].y = o[q].y * a + x[q].y * b;
+    o[q].z = o[q].z * a + x[q].z * b;
+    o[q].w = o[q].w * a + x[q].w * b;
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(32 * kCombineWarps) kv_combine_kernel(const KvArgs a) {
   constexpr int kVecs = 256 / (4 * 32);  // float4 column groups per lane
@@ -477,20 +495,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) kv_combine_kernel(const Kv
       for (int q = 0; q < kVecs; ++q) v[u][q] = __ldcg(reinterpret_cast<const float4*>(acc + int64_t(sp) * a.head_dim + col[q]));
     }
 #pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      RowState other;
-      other.row_max = gs[u].x;
-      other.row_sum = gs[u].y;
-      float sa, sb;
-      if (!s.merge_scales(other, sa, sb)) continue;
-#pragma unroll
-      for (int q = 0; q < kVecs; ++q) {
-        o[q].x = o[q].x * sa + v[u][q].x * sb;
-        o[q].y = o[q].y * sa + v[u][q].y * sb;
-        o[q].z = o[q].z * sa + v[u][q].z * sb;
-        o[q].w = o[q].w * sa + v[u][q].w * sb;
-      }
-    }
+    for (int u = 0; u < kGroup; ++u) fold_partial(s, o, gs[u], v[u]);
   }
 #pragma unroll
   for (int q = 0; q < kVecs; ++q) w_acc[warp][q * 32 + lane] = o[q];
@@ -502,19 +507,10 @@ __global__ void __launch_bounds__(32 * kCombineWarps) kv_combine_kernel(const Kv
   for (int q = 0; q < kVecs; ++q) o[q] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int w = 0; w < kCombineWarps; ++w) {
-    RowState other;
-    other.row_max = w_st[w].x;
-    other.row_sum = w_st[w].y;
-    float sa, sb;
-    if (!s.merge_scales(other, sa, sb)) continue;
+    float4 x[kVecs];
 #pragma unroll
-    for (int q = 0; q < kVecs; ++q) {
-      const float4 x = w_acc[w][q * 32 + lane];
-      o[q].x = o[q].x * sa + x.x * sb;
-      o[q].y = o[q].y * sa + x.y * sb;
-      o[q].z = o[q].z * sa + x.z * sb;
-      o[q].w = o[q].w * sa + x.w * sb;
-    }
+    for (int q = 0; q < kVecs; ++q) x[q] = w_acc[w][q * 32 + lane];
+    fold_partial(s, o, w_st[w], x);
   }
   const int i = r / a.group, h = hkv * a.group + r % a.group;
   T* gO = static_cast<T*>(a.out) + int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head;

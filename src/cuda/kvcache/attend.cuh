@@ -208,9 +208,9 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       }
       if (n_ok == kPasses) {  // every row visible: no predicates
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16_all(dK + pass * KVTile::kStride, ks + pass * a.k_st.row);
+        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dK + pass * KVTile::kStride, ks + pass * a.k_st.row, true);
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16_all(dV + pass * KVTile::kStride, vs + pass * a.v_st.row);
+        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dV + pass * KVTile::kStride, vs + pass * a.v_st.row, true);
       } else {
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {

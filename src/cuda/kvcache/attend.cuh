@@ -31,6 +31,39 @@ namespace flashattn::cuda::kv {
 
 constexpr int kMaxSplits = 128;  // key splits per (sequence, KV head, row block)
 
+// A (kRows, kCols) key or value tile of 16-bit elements in shared memory: unpadded rows of
+// kCols·2 bytes, the 16-byte chunk c of row r at chunk position c ^ (r mod 8). A loader copy then
+// fills whole 128-byte lines of shared memory with whole 128-byte lines of the cache, and
+// ldmatrix's 8 row addresses (one chunk of 8 consecutive rows) fall in 8 different bank groups.
+// With SmemTile's one-chunk row padding (272-byte rows for d 128) the copies land across line
+// boundaries, and the L2 served half as many sectors again as the cache holds (P-161).
+// The ldmatrix helpers need the tile at a shared-memory address aligned to kAlign: a warp's rows
+// start at multiples of 8, so lane l's row is l mod 8 within its 8×8 matrix and the chunk pair of
+// 16-column step k lies at byte (k·32) ^ (((l's half) ^ l mod 8)·16) of its row: the address of
+// step k is that of step 0 XOR k·32 (one LOP3, no multiply).
+template <int kRows, int kCols>
+struct SwizzledTile {
+  static_assert(kCols % 64 == 0, "rows of whole 128-byte lines");
+  static constexpr int kElems = kRows * kCols;
+  static constexpr int kBytes = kElems * 2;
+  static constexpr int kRowBytes = kCols * 2;
+  static constexpr int kAlign = 1024;  // at least one row (d 256: 512 bytes)
+  __device__ __forceinline__ static int offset(int r, int col) {
+    return r * kCols + (((col >> 3) ^ (r & 7)) << 3) + (col & 7);
+  }
+  // K for Q·Kᵀ (B operand from an (n, k) tile): matrices (n0, k) (n0, k+8) (n0+8, k) (n0+8, k+8).
+  __device__ __forceinline__ static uint32_t b_frag(uint32_t tile, int n0, int lane) {
+    const int r = n0 + ((lane >> 4) << 3) + (lane & 7);
+    return tile + uint32_t(r * kRowBytes + ((((lane >> 3) & 1) ^ (lane & 7)) << 4));
+  }
+  // V for P·V (B operand with .trans from a (k, n) tile): matrices (k0, n) (k0+8, n) (k0, n+8) (k0+8, n+8).
+  __device__ __forceinline__ static uint32_t bt_frag(uint32_t tile, int k0, int lane) {
+    const int r = k0 + (((lane >> 3) & 1) << 3) + (lane & 7);
+    return tile + uint32_t(r * kRowBytes + (((lane >> 4) ^ (lane & 7)) << 4));
+  }
+  static constexpr uint32_t step(int k) { return uint32_t(k) << 5; }  // XOR for 16-column step k
+};
+
 template <int kHeadDim, int kWarpsM>
 struct KvConfig {
   static constexpr int kWarps = 4;
@@ -42,9 +75,10 @@ struct KvConfig {
   static constexpr int kStages = kWarpsM == 1 && kHeadDim <= 128 ? 3 : 2;
   static constexpr bool kQInRegisters = kHeadDim <= 128;  // 32 registers of A fragments
   using QTile = SmemTile<kBlockM, kHeadDim>;
-  using KVTile = SmemTile<kBlockN, kHeadDim>;
+  using KVTile = SwizzledTile<kBlockN, kHeadDim>;
   static constexpr int kEpiStride = kHeadDim + 4;  // floats per row of the epilogue's staging
-  static constexpr int kMainBytes = QTile::kBytes + 2 * kStages * KVTile::kBytes;
+  static constexpr int kKvOffsetMax = QTile::kBytes + KVTile::kAlign;  // K's ring, aligned past sQ
+  static constexpr int kMainBytes = kKvOffsetMax + 2 * kStages * KVTile::kBytes;
   static constexpr int kEpiBytes = kWarps * 16 * (kEpiStride * 4 + 8);
   static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
   static_assert(kKeysPerWarp % 16 == 0, "P·V steps over 16 keys");
@@ -111,8 +145,12 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + QTile::kElems;           // kStages × (kBlockN, kHeadDim)
+  // kStages × (kBlockN, kHeadDim) of K, then of V, from the first KVTile::kAlign boundary past sQ.
+  const uint32_t smem_base = ptx::smem_addr(smem_raw);
+  const uint32_t sK_addr = (smem_base + QTile::kBytes + KVTile::kAlign - 1) & ~uint32_t(KVTile::kAlign - 1);
+  T* sK = reinterpret_cast<T*>(smem_raw + (sK_addr - smem_base));
   T* sV = sK + kStages * KVTile::kElems;
+  constexpr uint32_t kStageBytes = KVTile::kBytes, kVOffset = kStages * KVTile::kBytes;
 
   // blockIdx.x = ((b · heads_kv + hkv) · row_blocks + row block) · splits + split
   const int row_blocks = (a.rows + kBM - 1) / kBM;
@@ -196,8 +234,9 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   auto load_tile = [&](int nb, int stage) {
     const int t0 = nb * kBN + grp * kPasses;
     const int n_ok = col_ok ? min(key_hi - t0, kPasses) : 0;  // rows of the group to copy
-    T* dK = sK + stage * KVTile::kElems + KVTile::offset(grp * kPasses, chunk * 8);
-    T* dV = sV + stage * KVTile::kElems + KVTile::offset(grp * kPasses, chunk * 8);
+    T* dK = sK + stage * KVTile::kElems;
+    T* dV = sV + stage * KVTile::kElems;
+    auto dst = [&](int pass) { return KVTile::offset(grp * kPasses + pass, chunk * 8); };
     if (one_page) {
       const T* ks = gK;
       const T* vs = gV;
@@ -208,14 +247,14 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       }
       if (n_ok == kPasses) {  // every row visible: no predicates
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dK + pass * KVTile::kStride, ks + pass * a.k_st.row, true);
+        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dK + dst(pass), ks + pass * a.k_st.row, true);
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dV + pass * KVTile::kStride, vs + pass * a.v_st.row, true);
+        for (int pass = 0; pass < kPasses; ++pass) ptx::cp_async_16(dV + dst(pass), vs + pass * a.v_st.row, true);
       } else {
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
-          ptx::cp_async_16(dK + pass * KVTile::kStride, ks, pass < n_ok);
-          ptx::cp_async_16(dV + pass * KVTile::kStride, vs, pass < n_ok);
+          ptx::cp_async_16(dK + dst(pass), ks, pass < n_ok);
+          ptx::cp_async_16(dV + dst(pass), vs, pass < n_ok);
           if (pass + 1 < n_ok) {  // the pointers stay on a row the cache holds
             ks += a.k_st.row;
             vs += a.v_st.row;
@@ -238,8 +277,8 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       }
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        ptx::cp_async_16(dK + pass * KVTile::kStride, ks, pass < n_ok);
-        ptx::cp_async_16(dV + pass * KVTile::kStride, vs, pass < n_ok);
+        ptx::cp_async_16(dK + dst(pass), ks, pass < n_ok);
+        ptx::cp_async_16(dV + dst(pass), vs, pass < n_ok);
         if (pass + 1 < n_ok) {
           if (++in_page == a.page_size) {
             in_page = 0;
@@ -310,8 +349,7 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       load_tile(nb + kStages - 1, write_stage);
     }
     ptx::cp_async_commit();
-    const T* cK = sK + read_stage * KVTile::kElems;
-    const T* cV = sV + read_stage * KVTile::kElems;
+    const uint32_t cK = sK_addr + read_stage * kStageBytes, cV = cK + kVOffset;
     read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
 
@@ -329,7 +367,7 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bf[4];
-        ptx::ldmatrix_x4(bf, b_frag_addr<KVTile>(cK, key0 + np * 16, kk * 16, lane));
+        ptx::ldmatrix_x4(bf, KVTile::b_frag(cK, key0 + np * 16, lane) ^ KVTile::step(kk));
         ptx::mma_16816<T>(acc_s[2 * np], af, bf[0], bf[1]);
         ptx::mma_16816<T>(acc_s[2 * np + 1], af, bf[2], bf[3]);
       }
@@ -379,7 +417,7 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {
         uint32_t bf[4];
-        ptx::ldmatrix_x4_trans(bf, bt_frag_addr<KVTile>(cV, key0 + kk * 16, dp * 16, lane));
+        ptx::ldmatrix_x4_trans(bf, KVTile::bt_frag(cV, key0 + kk * 16, lane) ^ KVTile::step(dp));
         ptx::mma_16816<T>(acc_o[2 * dp], pf, bf[0], bf[1]);
         ptx::mma_16816<T>(acc_o[2 * dp + 1], pf, bf[2], bf[3]);
       }

@@ -648,51 +648,83 @@ struct CapturedCall {
 // With the lengths, pages and cache rows in device memory an out-of-range value is still rejected
 // before anything is written: read on the host by default (an Error naming the argument), checked
 // on the device with check_on_device or while the stream is being captured into a graph (the call,
-// or the replay, then writes nothing).
+// or the replay, then writes nothing). On the device every path of the check: the append kernel
+// or the attend kernel checking the entries itself (at most 1024 of them; with one split and with
+// several, the combine reading the flag), and the validation kernel ahead of them (more than 1024
+// entries: a grid over a zeroed flag), with and without an append.
 TEST(KvCacheCudaChecks, BadValuesWriteNothingOnEveryCheckPath) {
   FA_SEED_TRACE();
   if (skip_without_device(Device::cuda)) GTEST_SKIP() << "no usable CUDA device";
-  KvCase c;
-  c.S_new = 2, c.page = 8, c.capacity = 64, c.d = 64, c.dtype = DType::bf16;
+  struct Path {
+    const char* name;
+    int64_t S_new, page, capacity;
+    int splits;
+  };
+  const Path paths[] = {
+      {"append kernel checks (16 entries)", 2, 8, 64, 0},
+      {"attend kernel checks, one split (16 entries)", 0, 8, 64, 1},
+      {"attend kernel checks, three splits and the combine (16 entries)", 0, 8, 64, 3},
+      {"attend kernel checks, 8 entries a thread (1000 entries)", 0, 1, 500, 0},
+      {"validation kernel (2200 entries)", 0, 1, 1100, 0},
+      {"validation kernel and append (8400 entries)", 2, 1, 4200, 0},
+  };
   const std::vector<BadCase> bad = {
       {"negative_length", "cache_seqlens", [](KvRun& r) { r.lens[1] = -1; }},
-      {"past_capacity", "cache_seqlens", [](KvRun& r) { r.lens[0] = 63; }},
+      {"past_capacity", "cache_seqlens", [](KvRun& r) { r.lens[0] = int32_t(r.c.capacity - r.c.S_new + 1); }},
       {"page_out_of_range", "block_table", [](KvRun& r) { r.table[0] = int32_t(r.num_pages); }},
       {"negative_page", "block_table", [](KvRun& r) { r.table[size_t(r.max_pages)] = -1; }},
   };
   enum Mode { host, on_device, capture };
-  for (Mode mode : {host, on_device, capture})
-    for (const BadCase& bc : bad) {
-      SCOPED_TRACE(bc.name + (mode == host ? "" : mode == on_device ? " (check_on_device)" : " (graph capture)"));
-      KvRun R(c);
-      fill_sentinel(R.out, 0x5a);
-      fill_sentinel(R.lse, 0x5a);
-      bc.mutate(R);
-      const std::vector<uint64_t> s_out = snapshot(R.out), s_lse = snapshot(R.lse), s_k = snapshot(R.kc), s_v = snapshot(R.vc);
-      Placement pl(Device::cuda);
-      Placed P(R, pl);
-      if (mode == on_device) {
-        P.o.check_on_device = true;
-        P.call();  // no Error: the host never sees the values
-      } else if (mode == host) {
-        try {
-          P.call();
-          ADD_FAILURE() << bc.name << ": no Error";
-        } catch (const flashattn::Error& err) {
-          const std::string m = err.what();
-          EXPECT_EQ(m.rfind("flashattn::forward_kvcache: " + bc.arg + ":", 0), 0u) << m;
+  for (const Path& path : paths) {
+    KvCase c;
+    c.S_new = path.S_new, c.page = path.page, c.capacity = path.capacity, c.splits = path.splits;
+    c.d = 64, c.dtype = DType::bf16;
+    for (Mode mode : {host, on_device, capture})
+      for (const BadCase& bc : bad) {
+        SCOPED_TRACE(std::string(path.name) + ": " + bc.name +
+                     (mode == host ? "" : mode == on_device ? " (check_on_device)" : " (graph capture)"));
+        KvRun R(c);
+        fill_sentinel(R.out, 0x5a);
+        fill_sentinel(R.lse, 0x5a);
+        bc.mutate(R);
+        const std::vector<uint64_t> s_out = snapshot(R.out), s_lse = snapshot(R.lse), s_k = snapshot(R.kc), s_v = snapshot(R.vc);
+        Placement pl(Device::cuda);
+        Placed P(R, pl);
+        if (mode == on_device) {
+          P.o.check_on_device = true;
+          P.call();  // no Error: the host never sees the values
+        } else if (mode == host) {
+          try {
+            P.call();
+            ADD_FAILURE() << bc.name << ": no Error";
+          } catch (const flashattn::Error& err) {
+            const std::string m = err.what();
+            EXPECT_EQ(m.rfind("flashattn::forward_kvcache: " + bc.arg + ":", 0), 0u) << m;
+          }
+        } else {
+          const CapturedCall g(P);  // shapes are valid: nothing to reject on the host
+          ASSERT_TRUE(g.ok) << "capture failed";
+          ASSERT_TRUE(g.replay()) << "replay failed";
         }
-      } else {
-        const CapturedCall g(P);  // shapes are valid: nothing to reject on the host
-        ASSERT_TRUE(g.ok) << "capture failed";
-        ASSERT_TRUE(g.replay()) << "replay failed";
+        for (HostTensor* t : {&R.out, &R.lse, &R.kc, &R.vc}) pl.fetch(*t);
+        EXPECT_EQ(snapshot(R.out), s_out) << "out written";
+        EXPECT_EQ(snapshot(R.lse), s_lse) << "lse written";
+        EXPECT_EQ(snapshot(R.kc), s_k) << "k_cache written";
+        EXPECT_EQ(snapshot(R.vc), s_v) << "v_cache written";
       }
-      for (HostTensor* t : {&R.out, &R.lse, &R.kc, &R.vc}) pl.fetch(*t);
-      EXPECT_EQ(snapshot(R.out), s_out) << "out written";
-      EXPECT_EQ(snapshot(R.lse), s_lse) << "lse written";
-      EXPECT_EQ(snapshot(R.kc), s_k) << "k_cache written";
-      EXPECT_EQ(snapshot(R.vc), s_v) << "v_cache written";
-    }
+    // The same call with valid values checked on the device runs and agrees with the reference.
+    SCOPED_TRACE(std::string(path.name) + ": valid values (check_on_device)");
+    KvRun R(c);
+    poison(R.out);
+    Placement pl(Device::cuda);
+    Placed P(R, pl);
+    P.o.check_on_device = true;
+    P.call();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    pl.fetch(R.out);
+    const Expected e = expect(R);
+    EXPECT_TRUE(within_rule("out", R.out.dense(), e.exact.out, e.plain.out, c.dtype, e.plain.score_max));
+  }
 }
 
 // A decode step captured once replays with new lengths (what serving loops do): each replay

@@ -79,7 +79,7 @@ struct KvConfig {
   static constexpr int kEpiStride = kHeadDim + 4;  // floats per row of the epilogue's staging
   static constexpr int kKvOffsetMax = QTile::kBytes + KVTile::kAlign;  // K's ring, aligned past sQ
   static constexpr int kMainBytes = kKvOffsetMax + 2 * kStages * KVTile::kBytes;
-  static constexpr int kEpiBytes = kWarps * 16 * (kEpiStride * 4 + 8);
+  static constexpr int kEpiBytes = kWarps * 16 * (kEpiStride * 4 + 8) + kBlockM * (kWarpsN + 1) * 8;
   static constexpr int kSmemBytes = kMainBytes > kEpiBytes ? kMainBytes : kEpiBytes;
   static_assert(kKeysPerWarp % 16 == 0, "P·V steps over 16 keys");
   static_assert(kThreads % (kHeadDim / 8) == 0 && kBlockN % (kThreads / (kHeadDim / 8)) == 0,
@@ -128,7 +128,49 @@ __device__ __forceinline__ int64_t offset(const CacheRow& r, const Strides& st) 
   return r.slot * st.batch + r.row * st.row;
 }
 
+// Whether entry (b, i) of the call's range checks fails: block-table entry i of sequence b
+// (paged) or its cache row (i = 0, the one entry of a contiguous cache's sequence); the
+// length and rotary checks are made once per sequence, at i = 0. Every load is made whatever the
+// values (their addresses are in range by the shapes), so a thread's loads of several entries
+// overlap. The host's checks of the same values are in src/core/check_kvcache.cpp.
+__device__ __forceinline__ bool entry_invalid(const KvArgs& a, int b, int64_t i) {
+  const bool paged = a.page_size > 0;
+  const int64_t len = a.seqlens[b];
+  const int64_t slot = paged ? a.block_table[int64_t(b) * a.bt_stride + i] : a.batch_idx != nullptr ? a.batch_idx[b] : b;
+  const int64_t total = len + a.seqlen_new;
+  bool bad = len < 0 || total > a.capacity;
+  if (paged ? i < (total + a.page_size - 1) / a.page_size : i == 0)  // an entry the sequence uses
+    bad |= slot < 0 || slot >= a.slots;
+  if (i == 0 && a.rotary_dim > 0) {
+    int64_t last = len + (a.rot_by_token ? a.seqlen_q - 1 : 0);
+    if (a.seqlen_new > 0 && total - 1 > last) last = total - 1;
+    bad |= last >= a.rotary_len;
+  }
+  return bad;
+}
+
 __device__ __forceinline__ bool rejected(const KvArgs& a) { return a.invalid != nullptr && *a.invalid != 0; }
+
+// Whether this call writes nothing, from the first thing every kernel does after its
+// wait_for_prior_grid (all threads of the CTA, which must all reach it). validate_first: this is
+// the call's first kernel and the CTA checks every entry itself (kv_validate_kernel's work, where
+// there are few: at most 8 a thread, one round trip to memory, mostly the L2's), CTA 0 writing
+// the flag for the later kernels.
+__device__ __forceinline__ bool call_rejected(const KvArgs& a) {
+  if (!a.validate_first) return rejected(a);
+  // No short cut and 32-bit index arithmetic (64-bit divisions cost 2.3 k instructions a warp at
+  // 2048 entries): the loads of a thread's entries overlap.
+  bool any = false;
+  const int n = a.batch * int(a.entries_per_seq), eps = int(a.entries_per_seq);  // <= kValidateInKernel
+#pragma unroll 8
+  for (int e = threadIdx.x; e < n; e += blockDim.x) {
+    const int b = e / eps;
+    any |= entry_invalid(a, b, e - b * eps);
+  }
+  const bool bad = __syncthreads_or(any) != 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.invalid = bad;
+  return bad;
+}
 
 template <class T, int kHeadDim, int kWarpsM>
 __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
@@ -141,7 +183,7 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   constexpr int kDT = kHeadDim / 8;  // n8 tiles of an output band
   wait_for_prior_grid();  // the validation's flag, the appended rows
   allow_dependent_launch();
-  if (rejected(a)) return;
+  if (call_rejected(a)) return;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -177,19 +219,32 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   const int band0 = wm * 16, key0 = wn * kKW;
 
   // Q rows, rotated and stored in the working precision; rows past `rows` and columns past
-  // head_dim are zero.
+  // head_dim are zero. Without rotary and with 16-byte aligned rows, 16 bytes per load.
   {
     const T* gq = static_cast<const T*>(a.q);
-    for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
-      const int row = e / kHeadDim, c = e % kHeadDim, r = r0 + row;
-      float x = 0.f;
-      if (r < a.rows && c < a.head_dim) {
-        const int i = r / a.group, h = hkv * a.group + r % a.group;
-        const T* qrow = gq + int64_t(b) * a.q_st.batch + int64_t(i) * a.q_st.row + int64_t(h) * a.q_st.head;
-        x = a.rotary_dim > 0 ? rotated(a, qrow, c, int64_t(a.seqlens[b]) + (a.rot_by_token ? i : 0))
-                             : ptx::to_float<T>(qrow[c]);
+    auto q_row = [&](int r) {
+      const int i = r / a.group, h = hkv * a.group + r % a.group;
+      return gq + int64_t(b) * a.q_st.batch + int64_t(i) * a.q_st.row + int64_t(h) * a.q_st.head;
+    };
+    if (a.rotary_dim == 0 && a.q_vec16) {
+      constexpr int kQChunks = kHeadDim / 8;
+      for (int e = tid; e < kBM * kQChunks; e += C::kThreads) {
+        const int row = e / kQChunks, c = e % kQChunks * 8, r = r0 + row;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < a.rows && c < a.head_dim) v = *reinterpret_cast<const uint4*>(q_row(r) + c);
+        *reinterpret_cast<uint4*>(sQ + QTile::offset(row, c)) = v;
       }
-      sQ[QTile::offset(row, c)] = from_float<T>(x);
+    } else {
+      for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
+        const int row = e / kHeadDim, c = e % kHeadDim, r = r0 + row;
+        float x = 0.f;
+        if (r < a.rows && c < a.head_dim) {
+          const T* qrow = q_row(r);
+          x = a.rotary_dim > 0 ? rotated(a, qrow, c, int64_t(a.seqlens[b]) + (a.rot_by_token ? r / a.group : 0))
+                               : ptx::to_float<T>(qrow[c]);
+        }
+        sQ[QTile::offset(row, c)] = from_float<T>(x);
+      }
     }
   }
 
@@ -426,15 +481,21 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   ptx::cp_async_wait<0>();
   __syncthreads();  // the ring is drained; its memory becomes the epilogue's staging
 
-  // Epilogue. Staging: per warp, 16 rows of acc (kEpiStride floats) and 16 states.
+  // Epilogue. Staging: per warp, 16 rows of acc (kEpiStride floats) and 16 states; then per row
+  // the warps' merge scales (SoftmaxState::merge_scales, in warp order) and the merged state, once
+  // per row; then 4 columns per thread of the rows the block holds.
   float* e_acc = reinterpret_cast<float*>(smem_raw);
   float2* e_st = reinterpret_cast<float2*>(e_acc + C::kWarps * 16 * C::kEpiStride);
+  float2* e_scale = e_st + C::kWarps * 16;    // (kBM, kWarpsN): (old, other) of merging warp k
+  float2* e_state = e_scale + kBM * C::kWarpsN;  // (kBM): the merged (row_max, row_sum)
   {
     float* mine = e_acc + warp * 16 * C::kEpiStride;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * C::kEpiStride + dt * 8 + 2 * t4 + (e & 1)] = acc_o[dt][e];
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(mine + (g + 8 * half) * C::kEpiStride + dt * 8 + 2 * t4) =
+            make_float2(acc_o[dt][2 * half], acc_o[dt][2 * half + 1]);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float sum = quad_sum(st[half].row_sum);
@@ -442,33 +503,57 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     }
   }
   __syncthreads();
-
-  T* gO = static_cast<T*>(a.out);
-  const int64_t grow0 = (int64_t(b) * a.heads_kv + hkv) * a.rows;  // packed row index base
-  for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
-    const int row = e / kHeadDim, c = e % kHeadDim, r = r0 + row;
-    if (r >= a.rows || c >= a.head_dim) continue;
+  const int rows_here = min(kBM, a.rows - r0);
+  for (int row = tid; row < rows_here; row += C::kThreads) {
     const int w0 = (row / 16) * C::kWarpsN, rr = row % 16;
     RowState s;
     s.row_max = e_st[w0 * 16 + rr].x;
     s.row_sum = e_st[w0 * 16 + rr].y;
-    float acc = e_acc[(w0 * 16 + rr) * C::kEpiStride + c];
 #pragma unroll
     for (int k = 1; k < C::kWarpsN; ++k) {
       RowState o;
       o.row_max = e_st[(w0 + k) * 16 + rr].x;
       o.row_sum = e_st[(w0 + k) * 16 + rr].y;
-      float sa, sb;
-      if (s.merge_scales(o, sa, sb)) acc = acc * sa + e_acc[((w0 + k) * 16 + rr) * C::kEpiStride + c] * sb;
+      float sa = 1.f, sb = 0.f;
+      if (!s.merge_scales(o, sa, sb)) sa = 1.f, sb = 0.f;  // both empty: the accumulator stays
+      e_scale[row * C::kWarpsN + k] = make_float2(sa, sb);
     }
+    e_state[row] = make_float2(s.row_max, s.row_sum);
+  }
+  __syncthreads();
+
+  T* gO = static_cast<T*>(a.out);
+  const int64_t grow0 = (int64_t(b) * a.heads_kv + hkv) * a.rows;  // packed row index base
+  constexpr int kVec = 4, kVecs = kHeadDim / kVec;
+  for (int e = tid; e < rows_here * kVecs; e += C::kThreads) {
+    const int row = e / kVecs, c = e % kVecs * kVec, r = r0 + row;
+    if (c >= a.head_dim) continue;  // head_dim is a multiple of 8
+    const int w0 = (row / 16) * C::kWarpsN, rr = row % 16;
+    float4 acc = *reinterpret_cast<const float4*>(e_acc + (w0 * 16 + rr) * C::kEpiStride + c);
+#pragma unroll
+    for (int k = 1; k < C::kWarpsN; ++k) {
+      const float2 f = e_scale[row * C::kWarpsN + k];
+      const float4 x = *reinterpret_cast<const float4*>(e_acc + ((w0 + k) * 16 + rr) * C::kEpiStride + c);
+      acc.x = acc.x * f.x + x.x * f.y;
+      acc.y = acc.y * f.x + x.y * f.y;
+      acc.z = acc.z * f.x + x.z * f.y;
+      acc.w = acc.w * f.x + x.w * f.y;
+    }
+    RowState s;
+    s.row_max = e_state[row].x;
+    s.row_sum = e_state[row].y;
     if (a.splits == 1) {
       const int i = r / a.group, h = hkv * a.group + r % a.group;
-      gO[int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head + c] =
-          from_float<T>(acc * s.inv_sum());
+      T* o = gO + int64_t(b) * a.out_st.batch + int64_t(i) * a.out_st.row + int64_t(h) * a.out_st.head + c;
+      const float inv = s.inv_sum();
+      o[0] = from_float<T>(acc.x * inv);
+      o[1] = from_float<T>(acc.y * inv);
+      o[2] = from_float<T>(acc.z * inv);
+      o[3] = from_float<T>(acc.w * inv);
       if (c == 0 && a.lse != nullptr) a.lse[int64_t(b) * a.lse_batch + int64_t(h) * a.lse_head + int64_t(i) * a.lse_row] = s.lse();
     } else {
       const int64_t slot = (grow0 + r) * a.splits + split;
-      a.part[slot * a.head_dim + c] = acc;
+      *reinterpret_cast<float4*>(a.part + slot * a.head_dim + c) = acc;
       if (c == 0) a.part_state[slot] = make_float2(s.row_max, s.row_sum);
     }
   }
@@ -572,7 +657,7 @@ template <class T>
 __global__ void __launch_bounds__(128) kv_append_kernel(const KvArgs a) {
   wait_for_prior_grid();  // the validation's flag
   allow_dependent_launch();
-  if (rejected(a)) return;
+  if (call_rejected(a)) return;
   const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b · seqlen_new + j) · heads_kv + h
   const int lane = threadIdx.x % 32;
   if (item >= int64_t(a.batch) * a.seqlen_new * a.heads_kv) return;

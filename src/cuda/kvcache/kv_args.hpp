@@ -18,6 +18,7 @@ struct KvArgs {
   const void* q = nullptr;
   void* out = nullptr;
   Strides q_st, out_st;
+  bool q_vec16 = false;  // q's data and strides 16-byte aligned: rows read 16 bytes at a time
   float* lse = nullptr;  // natural-log units, or null
   int64_t lse_batch = 0, lse_head = 0, lse_row = 0;
 
@@ -65,9 +66,17 @@ struct KvArgs {
   float* part = nullptr;
   float2* part_state = nullptr;  // (row_max in log2 units, row_sum)
 
-  // Set by the device-side validation (graph capture, where the host cannot read the lengths):
-  // non-zero means a length or page index is out of range, and every kernel writes nothing.
-  const int* invalid = nullptr;
+  // The device-side validation (check_on_device or graph capture, where the host does not read
+  // the lengths): *invalid non-zero means a length, page index, cache row or rotary row is out of
+  // range, and every kernel writes nothing. Either kv_validate_kernel sets it before the others,
+  // or (validate_first) every CTA of the call's first kernel checks all entries itself and its
+  // CTA 0 writes the flag for the kernels after it.
+  int* invalid = nullptr;
+  bool validate_first = false;
+  int64_t capacity = 0;         // tokens a sequence may hold (pages · page_size, or cache rows)
+  int64_t slots = 0;            // pages, or cache batch rows
+  int64_t rotary_len = 0;       // rows of the rotary tables
+  int64_t entries_per_seq = 1;  // block-table entries per sequence (1 contiguous)
 };
 
 KvArgs make_kv_args(const detail::KVParams& p);

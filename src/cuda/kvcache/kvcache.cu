@@ -1,6 +1,8 @@
 // The CUDA backend of forward_kvcache: what its kernels need of the call (Error otherwise), the
 // split count, and the launches on the call's stream:
-//   [validate]  only under graph capture: lengths and page indices checked on the device
+//   [validate]  with check_on_device or under graph capture, over more than kValidateInKernel
+//               entries: lengths and page indices checked on the device (fewer: by the first
+//               kernel below, in every CTA)
 //   [append]    the new tokens into the cache (keys rotated), kv_append_kernel
 //   attend      kv_attend_kernel, decode or prefill shape, one CTA per (sequence, KV head, row
 //               block, split)
@@ -25,6 +27,8 @@ KvArgs make_kv_args(const detail::KVParams& p) {
   a.q = p.q.data;
   a.out = p.out.data;
   a.q_st = strides_of(p.q);
+  a.q_vec16 = reinterpret_cast<uintptr_t>(p.q.data) % 16 == 0 && a.q_st.batch % 8 == 0 && a.q_st.row % 8 == 0 &&
+              a.q_st.head % 8 == 0;
   a.out_st = strides_of(p.out);
   a.lse = p.lse.data;
   a.lse_batch = p.lse.batch_stride;
@@ -77,45 +81,19 @@ namespace {
 // check_on_device and graph capture: the range checks check_kvcache makes on the host when it
 // reads the values (src/core/check_kvcache.cpp), here on the device, one thread per (sequence,
 // block-table entry) so that long paged caches are checked in parallel; any failure sets *invalid
-// and every later kernel of the call returns without writing. A grid of one CTA writes the flag
-// itself (0 or 1); a larger one only sets it, over a flag zeroed before it.
-constexpr int kValidateThreads = 256, kValidateOneCta = 1024;  // entries checked by a one-CTA grid
+// (zeroed before it) and every later kernel of the call returns without writing. Calls with at
+// most kValidateInKernel entries skip this kernel: the first kernel of the call checks them in
+// every CTA (call_rejected), one memory round trip in place of a kernel ahead of it.
+constexpr int kValidateThreads = 256;
+constexpr int kValidateInKernel = 1024;  // 8 a thread of a 128-thread CTA
 
-__global__ void __launch_bounds__(kValidateThreads) kv_validate_kernel(const KvArgs a, int64_t capacity, int64_t slots,
-                                                                       int64_t rotary_len, int64_t entries_per_seq,
-                                                                       int* invalid) {
+__global__ void __launch_bounds__(kValidateThreads) kv_validate_kernel(const KvArgs a) {
   allow_dependent_launch();
-  const int64_t n = int64_t(a.batch) * entries_per_seq;
+  const int64_t n = int64_t(a.batch) * a.entries_per_seq;
   bool any = false;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int b = int(e / entries_per_seq);
-    const int64_t i = e % entries_per_seq;
-    const int64_t len = a.seqlens[b], total = len + a.seqlen_new;
-    bool bad = false;
-    if (len < 0 || total > capacity) {
-      bad = true;
-    } else if (a.page_size > 0) {
-      if (i < (total + a.page_size - 1) / a.page_size) {  // an entry the sequence's tokens use
-        const int64_t page = a.block_table[int64_t(b) * a.bt_stride + i];
-        bad = page < 0 || page >= slots;
-      }
-    } else if (i == 0) {
-      const int64_t row = a.batch_idx != nullptr ? a.batch_idx[b] : b;
-      bad = row < 0 || row >= slots;
-    }
-    if (!bad && i == 0 && a.rotary_dim > 0) {
-      int64_t last = len + (a.rot_by_token ? a.seqlen_q - 1 : 0);
-      if (a.seqlen_new > 0 && total - 1 > last) last = total - 1;
-      bad = last >= rotary_len;
-    }
-    any = any || bad;
-  }
-  if (gridDim.x == 1) {
-    const int flag = __syncthreads_or(any);
-    if (threadIdx.x == 0) *invalid = flag != 0;
-  } else if (any) {
-    atomicExch(invalid, 1);
-  }
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    any |= entry_invalid(a, int(e / a.entries_per_seq), e % a.entries_per_seq);
+  if (any) atomicExch(a.invalid, 1);
 }
 
 int sm_count(int device) {
@@ -201,21 +179,27 @@ int launch(const detail::KVParams& p, KvArgs a, cudaStream_t stream) {
   // overlaps that kernel's tail, and it waits for that kernel's writes before reading them.
   bool after_kernel = false;
   if (p.values_on_device) {
-    int* flag = reinterpret_cast<int*>(base + state_bytes + part_bytes);
-    const int64_t capacity = p.paged ? p.max_pages * p.cache_rows : p.cache_rows;
-    const int64_t entries = p.paged ? p.max_pages : 1, n = p.batch * entries;
-    const unsigned blocks = n <= kValidateOneCta ? 1u
-                                                 : unsigned(std::clamp<int64_t>((n + kValidateThreads - 1) / kValidateThreads, 1, 1024));
-    if (blocks > 1) check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), stream), "cudaMemsetAsync (kv validation flag)");
-    kv_validate_kernel<<<blocks, kValidateThreads, 0, stream>>>(a, capacity, p.cache_batch, p.rotary_len, entries, flag);
-    check_launch("kv_validate_kernel");
-    a.invalid = flag;
-    after_kernel = true;
+    a.invalid = reinterpret_cast<int*>(base + state_bytes + part_bytes);
+    a.capacity = p.paged ? p.max_pages * p.cache_rows : p.cache_rows;
+    a.slots = p.cache_batch;
+    a.rotary_len = p.rotary_len;
+    a.entries_per_seq = p.paged ? p.max_pages : 1;
+    const int64_t n = p.batch * a.entries_per_seq;
+    if (n <= kValidateInKernel) {
+      a.validate_first = true;
+    } else {
+      const unsigned blocks = unsigned(std::clamp<int64_t>((n + kValidateThreads - 1) / kValidateThreads, 1, 1024));
+      check_cuda(cudaMemsetAsync(a.invalid, 0, sizeof(int), stream), "cudaMemsetAsync (kv validation flag)");
+      kv_validate_kernel<<<blocks, kValidateThreads, 0, stream>>>(a);
+      check_launch("kv_validate_kernel");
+      after_kernel = true;
+    }
   }
   if (p.seqlen_new > 0) {
     const int64_t items = p.batch * p.seqlen_new * p.heads_kv;
     launch_dependent<kv_append_kernel<T>>(after_kernel, unsigned((items + 3) / 4), 128, 0, stream, "kv_append_kernel", a);
     after_kernel = true;
+    a.validate_first = false;  // the append kernel checked, attend and combine read its flag
   }
   runs[which][shape](a, after_kernel, stream);
   if (a.splits > 1)

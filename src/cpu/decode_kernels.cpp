@@ -10,7 +10,10 @@ namespace flashattn::cpu {
 const DecodeKernels& decode_kernels() {
 #if defined(__x86_64__) || defined(_M_X64)
   const char* isa = tile_kernels().name;  // a table this CPU runs (isa.cpp checked it)
-  if (!std::strcmp(isa, "avx512")) return kDecodeKernelsAvx512;
+  if (!std::strcmp(isa, "avx512")) {
+    static const bool bf16 = cpu_has_avx512_bf16();
+    return bf16 ? kDecodeKernelsAvx512Bf16 : kDecodeKernelsAvx512;
+  }
   if (!std::strcmp(isa, "avx2")) return kDecodeKernelsAvx2;
 #endif
   return kDecodeKernelsScalar;

@@ -9,7 +9,8 @@
 // One implementation per instruction set, chosen with the tile-kernel table (isa.hpp):
 //   decode_kernels_scalar.cpp  (always built; the one the others are tested against)
 //   decode_kernels_avx2.cpp    (-mavx2 -mfma -mf16c)
-//   decode_kernels_avx512.cpp  (-mavx512f/bw/vl/dq -mfma)
+//   decode_kernels_avx512.cpp  (-mavx512f/bw/vl/dq -mfma; scores_bf16 with AVX512_BF16 where the
+//                              CPU has it)
 // The two SIMD ones share decode_kernels_simd.inl.
 #pragma once
 
@@ -51,6 +52,15 @@ struct DecodeKernels {
   void (*scores)(int nh, int nr, int n, int d, const float* q, int64_t q_head, int64_t ldq, const char* const* k,
                  int64_t k_head, DType type, float* s, int64_t s_head, int64_t lds, const RowPrefetch& also);
 
+  // Optional (null where the CPU lacks it): the scores of a bf16 cache from bf16 queries by the
+  // CPU's bf16 dot-product instruction (AVX512_BF16 vdpbf16ps: pairs of exact bf16 products summed
+  // in fp32), without converting K to fp32:
+  //   s[h·s_head + r·lds + j] = qmult · Σ_{c<d} q[h·q_head + r·ldq + c] · K_{h,j}[c],
+  // q bf16 in natural column order with bf16_pad(d) readable columns per row (zero beyond d).
+  void (*scores_bf16)(int nh, int nr, int n, int d, const uint16_t* q, int64_t q_head, int64_t ldq,
+                      const char* const* k, int64_t k_head, float qmult, float* s, int64_t s_head, int64_t lds,
+                      const RowPrefetch& also);
+
   // The probabilities of n keys added into nr accumulators per head, values read in place:
   //   acc[h·acc_head + r·ldacc + c] = acc[…] · row_scale[h·nr + r] + Σ_{j<n} p[h·p_head + r·ldp + j] · V_{h,j}[c]
   // for c < d, V_{h,j} at v[j] + h·v_head as K_{h,j} above (n ≥ 1). acc (in bf16_block order for
@@ -60,6 +70,9 @@ struct DecodeKernels {
                      const RowPrefetch& also);
 };
 
+// Columns of a bf16 query row for scores_bf16: whole 32-element (64-byte) vectors.
+inline int64_t bf16_pad(int64_t d) { return (d + 31) / 32 * 32; }
+
 // The table of the instruction set tile_kernels() uses (so FLASHATTN_CPU_ISA and
 // override_tile_kernels() select both); scalar for a table of any other name.
 const DecodeKernels& decode_kernels();
@@ -68,6 +81,7 @@ extern const DecodeKernels kDecodeKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const DecodeKernels kDecodeKernelsAvx2;
 extern const DecodeKernels kDecodeKernelsAvx512;
+extern const DecodeKernels kDecodeKernelsAvx512Bf16;  // kDecodeKernelsAvx512 with scores_bf16
 #endif
 
 }  // namespace flashattn::cpu

@@ -80,8 +80,70 @@ struct T {
 
 #include "cpu/decode_kernels_simd.inl"
 
+// ---- scores of a bf16 cache by vdpbf16ps (AVX512_BF16, enabled per function) ---------------------
+// R rows × J keys as scores_block, 32 bf16 columns per step: one dot-product instruction per
+// (row, key) and step where the fp32 path spends two FMAs and, per key, two conversions.
+#define FLASHATTN_BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512f")))
+
+template <int R, int J>
+FLASHATTN_BF16_TARGET static inline __attribute__((always_inline)) void scores_bf16_block(int d, const uint16_t* q, int64_t ldq,
+                                                                          const char* const* k, int64_t kh,
+                                                                          float qmult, float* s, int64_t lds) {
+  __m512 acc[R * J];
+  for (int i = 0; i < R * J; ++i) acc[i] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 32) {
+    // K is read for exactly d elements (the last row of a cache may end its buffer); q has zeros.
+    const __mmask32 m = d - c >= 32 ? ~__mmask32(0) : __mmask32((1u << (d - c)) - 1u);
+    __m512i kv[J];
+    for (int j = 0; j < J; ++j) kv[j] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(k[j] + kh) + c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i qv = _mm512_loadu_si512(q + r * ldq + c);
+      for (int j = 0; j < J; ++j)
+        acc[r * J + j] = _mm512_dpbf16_ps(acc[r * J + j], (__m512bh)qv, (__m512bh)kv[j]);
+    }
+  }
+  float sum[R * J];
+  T::template reduce_add_n<R * J>(acc, sum);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) s[r * lds + j] = sum[r * J + j] * qmult;
+}
+
+template <int J>
+FLASHATTN_BF16_TARGET static void scores_bf16_head(int nr, int d, const uint16_t* q, int64_t ldq,
+                                                   const char* const* k, int64_t kh, float qmult, float* s,
+                                                   int64_t lds) {
+  int r = 0;
+  for (; r + 4 <= nr; r += 4) scores_bf16_block<4, J>(d, q + r * ldq, ldq, k, kh, qmult, s + r * lds, lds);
+  switch (nr - r) {
+    case 3: scores_bf16_block<3, J>(d, q + r * ldq, ldq, k, kh, qmult, s + r * lds, lds); break;
+    case 2: scores_bf16_block<2, J>(d, q + r * ldq, ldq, k, kh, qmult, s + r * lds, lds); break;
+    case 1: scores_bf16_block<1, J>(d, q + r * ldq, ldq, k, kh, qmult, s + r * lds, lds); break;
+    default: break;
+  }
+}
+
+FLASHATTN_BF16_TARGET static void scores_bf16(int nh, int nr, int n, int d, const uint16_t* q, int64_t q_head,
+                                              int64_t ldq, const char* const* k, int64_t k_head, float qmult,
+                                              float* s, int64_t s_head, int64_t lds, const RowPrefetch& also) {
+  constexpr int J = 4;
+  int j = 0;
+  for (; j + J <= n; j += J) {
+    for (int i = 0; i < J; ++i) prefetch_row(also, j + i);
+    for (int h = 0; h < nh; ++h)
+      scores_bf16_head<J>(nr, d, q + h * q_head, ldq, k + j, h * k_head, qmult, s + h * s_head + j, lds);
+  }
+  for (; j < n; ++j) {
+    prefetch_row(also, j);
+    for (int h = 0; h < nh; ++h)
+      scores_bf16_head<1>(nr, d, q + h * q_head, ldq, k + j, h * k_head, qmult, s + h * s_head + j, lds);
+  }
+  for (; j < also.count; ++j) prefetch_row(also, j);
+}
+#undef FLASHATTN_BF16_TARGET
+
 }  // namespace
 
-const DecodeKernels kDecodeKernelsAvx512 = {"avx512", 2 * T::kLanes, scores, accumulate};
+const DecodeKernels kDecodeKernelsAvx512 = {"avx512", 2 * T::kLanes, scores, nullptr, accumulate};
+const DecodeKernels kDecodeKernelsAvx512Bf16 = {"avx512", 2 * T::kLanes, scores, scores_bf16, accumulate};
 
 }  // namespace flashattn::cpu

@@ -33,6 +33,20 @@ bool cpu_has_avx512() {
 
 std::atomic<const TileKernels*> g_override{nullptr};
 
+}  // namespace
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(_M_X64)
+  // CPUID leaf 7, sub-leaf 1, EAX bit 5 (Cooper Lake, Sapphire Rapids and later Xeons; Zen 4 and later).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return cpu_has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 const TileKernels& choose() {
   const TileKernels* best = &kTileKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)

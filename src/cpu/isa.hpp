@@ -10,6 +10,9 @@ namespace flashattn::cpu {
 // name, falls back to the best supported and is reported by isa_name()).
 const TileKernels& tile_kernels();
 
+// Whether the CPU has the AVX-512 tables' instructions and AVX512_BF16 (vdpbf16ps).
+bool cpu_has_avx512_bf16();
+
 // Name of the table tile_kernels() returns ("scalar", "avx2", "avx512").
 const char* isa_name();
 

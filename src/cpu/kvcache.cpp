@@ -178,11 +178,12 @@ void from_block_order(float* row, int64_t d, int block) {
 
 struct DecodeScratch {
   std::vector<float> q;      // (Hkv, rows, d_pad): every head's query rows, rotated, times qmult
+  std::vector<uint16_t> qb;  // (Hkv, rows, bf16_pad(d)): the same rotated rows in bf16, unscaled
   std::vector<float> s;      // (Hkv, rows, kDecodeChunk): scores, then probabilities, of one chunk
   std::vector<float> scale;  // (Hkv, rows): the online-softmax rescale of acc for that chunk
-  DecodeScratch(int64_t heads_kv, int64_t rows, int64_t d_pad)
-      : q(size_t(heads_kv * rows * d_pad), 0.f), s(size_t(heads_kv * rows * kDecodeChunk)),
-        scale(size_t(heads_kv * rows)) {}
+  DecodeScratch(int64_t heads_kv, int64_t rows, int64_t d)
+      : q(size_t(heads_kv * rows * pad_n(d)), 0.f), qb(size_t(heads_kv * rows * bf16_pad(d)), 0),
+        s(size_t(heads_kv * rows * kDecodeChunk)), scale(size_t(heads_kv * rows)) {}
 };
 
 // One decode item: all KV heads of sequence b over keys [k0, k1) into acc (Hkv, rows, d_pad) and
@@ -196,6 +197,10 @@ void decode_item(const KVParams& p, const TileKernels& tk, const DecodeKernels& 
   // only when softcap needs them in natural units first.
   const float qmult = p.softcap > 0 ? p.scale : p.scale * kLog2e;
   const int bf16_block = p.dtype == DType::bf16 ? dk.bf16_block : 0;
+  // A bf16 cache on a CPU with a bf16 dot product: the scores from the queries rounded to bf16 (the
+  // dtype of the call; exact unless rotated, as the CUDA kernels round them) and times qmult after.
+  const bool bf16_dot = p.dtype == DType::bf16 && dk.scores_bf16 != nullptr;
+  const int64_t dq = bf16_pad(d);
   int64_t lo = k1, hi = k0;
   int64_t row_lo[kDecodeRows], row_hi[kDecodeRows];
   for (int r = 0; r < nr; ++r) {
@@ -208,6 +213,10 @@ void decode_item(const KVParams& p, const TileKernels& tk, const DecodeKernels& 
       float* q = &w.q[size_t((hkv * nr + r) * d_pad)];
       tk.load(elem(p.q, p.dtype, b, i, hkv * G + r % G), p.dtype, int(d), 1.f, q);
       if (p.rotary_dim > 0) rotate(p, p.query_position(b, i), q);
+      if (bf16_dot) {
+        tk.store(q, int(d), 1.f, DType::bf16, &w.qb[size_t((hkv * nr + r) * dq)]);
+        continue;
+      }
       for (int64_t c = 0; c < d; ++c) q[c] *= qmult;
       if (bf16_block > 0) to_block_order(q, d, bf16_block);
     }
@@ -236,8 +245,12 @@ void decode_item(const KVParams& p, const TileKernels& tk, const DecodeKernels& 
     const int n = int(std::min<int64_t>(kDecodeChunk, hi - t));
     const int n_next = int(std::clamp<int64_t>(hi - t - n, 0, kDecodeChunk));
     const RowPrefetch v_also{v_rows[cur], v_head, row_bytes, int(Hkv), n};
-    dk.scores(int(Hkv), nr, n, int(d), w.q.data(), q_head, d_pad, k_rows[cur], k_head, p.dtype, s, s_head,
-              kDecodeChunk, v_also);
+    if (bf16_dot)
+      dk.scores_bf16(int(Hkv), nr, n, int(d), w.qb.data(), nr * dq, dq, k_rows[cur], k_head, qmult, s, s_head,
+                     kDecodeChunk, v_also);
+    else
+      dk.scores(int(Hkv), nr, n, int(d), w.q.data(), q_head, d_pad, k_rows[cur], k_head, p.dtype, s, s_head,
+                kDecodeChunk, v_also);
     bool masked = false;  // some row sees only part of the chunk
     for (int r = 0; r < nr; ++r) masked |= row_lo[r] > t || row_hi[r] < t + n;
     for (int64_t hr = 0; hr < Hkv * nr; ++hr) {  // (head, row)
@@ -269,7 +282,7 @@ int decode(const KVParams& p, const TileKernels& tk) {
   std::vector<State> st(size_t(items * per_item));
 #pragma omp parallel
   {
-    DecodeScratch w(Hkv, nr, d_pad);
+    DecodeScratch w(Hkv, nr, d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t b = it / splits, sp = it % splits, total = p.total_len(b);

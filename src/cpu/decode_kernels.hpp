@@ -61,6 +61,13 @@ struct DecodeKernels {
                       const char* const* k, int64_t k_head, float qmult, float* s, int64_t s_head, int64_t lds,
                       const RowPrefetch& also);
 
+  // Optional (null where the CPU lacks it), for a bf16 cache with d a multiple of 32: accumulate's
+  // sum by vdpbf16ps over pairs of keys, the probabilities given in bf16 (pb: (nh, nr, ldpb),
+  // ldpb even, pb[n] = 0 after an odd n), acc in bf16_dot_column order; otherwise as accumulate.
+  void (*accumulate_bf16)(int nh, int nr, int n, int d, const uint16_t* pb, int64_t pb_head, int64_t ldpb,
+                          const char* const* v, int64_t v_head, const float* row_scale, float* acc,
+                          int64_t acc_head, int64_t ldacc, const RowPrefetch& also);
+
   // The probabilities of n keys added into nr accumulators per head, values read in place:
   //   acc[h·acc_head + r·ldacc + c] = acc[…] · row_scale[h·nr + r] + Σ_{j<n} p[h·p_head + r·ldp + j] · V_{h,j}[c]
   // for c < d, V_{h,j} at v[j] + h·v_head as K_{h,j} above (n ≥ 1). acc (in bf16_block order for
@@ -69,6 +76,14 @@ struct DecodeKernels {
                      int64_t v_head, DType type, const float* row_scale, float* acc, int64_t acc_head, int64_t ldacc,
                      const RowPrefetch& also);
 };
+
+// The column order of acc for accumulate_bf16: within each block of 32 columns c0 …, the first 16
+// positions hold columns c0 + {0–3, 8–11, 16–19, 24–27}, the next 16 c0 + {4–7, 12–15, 20–23,
+// 28–31} (what interleaving two bf16 rows 16 bits at a time gives, per 128-bit lane).
+inline int bf16_dot_column(int pos) {
+  const int c0 = pos & ~31, i = pos & 31, hi = i >> 4, k = i & 15;
+  return c0 + (k >> 2) * 8 + hi * 4 + (k & 3);
+}
 
 // Columns of a bf16 query row for scores_bf16: whole 32-element (64-byte) vectors.
 inline int64_t bf16_pad(int64_t d) { return (d + 31) / 32 * 32; }

@@ -71,6 +71,6 @@ struct T {
 
 }  // namespace
 
-const DecodeKernels kDecodeKernelsAvx2 = {"avx2", 2 * T::kLanes, scores, nullptr, accumulate};
+const DecodeKernels kDecodeKernelsAvx2 = {"avx2", 2 * T::kLanes, scores, nullptr, nullptr, accumulate};
 
 }  // namespace flashattn::cpu

@@ -139,11 +139,99 @@ FLASHATTN_BF16_TARGET static void scores_bf16(int nh, int nr, int n, int d, cons
   }
   for (; j < also.count; ++j) prefetch_row(also, j);
 }
+
+// ---- accumulate of a bf16 cache by vdpbf16ps ------------------------------------------------------
+// Keys in pairs: the two V rows interleaved 16 bits at a time (unpacklo/hi per 128-bit lane) meet
+// the pair's two bf16 probabilities broadcast as one 32-bit word, so one instruction adds both
+// keys into 16 columns. Blocks as accumulate's: KB keys of every head, R rows × NB 32-column
+// blocks of acc (2 vectors each) loaded and stored once per KB keys; an odd last key is paired
+// with zeros.
+template <int R, int NB, int KB, bool kScale>
+FLASHATTN_BF16_TARGET static inline __attribute__((always_inline)) void accumulate_bf16_block(
+    int c, int nk, const uint16_t* pb, int64_t ldpb, const char* const* v, int64_t vh, const float* row_scale,
+    float* acc, int64_t ldacc) {
+  __m512 a[R * 2 * NB];
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < 2 * NB; ++x) {
+      a[r * 2 * NB + x] = _mm512_loadu_ps(acc + r * ldacc + c + x * 16);
+      if (kScale) a[r * 2 * NB + x] = _mm512_mul_ps(a[r * 2 * NB + x], _mm512_set1_ps(row_scale[r]));
+    }
+  for (int j = 0; j < KB; j += 2) {
+    if (j >= nk) break;
+    __m512i lo[NB], hi[NB];
+    for (int x = 0; x < NB; ++x) {
+      const __m512i v0 = _mm512_loadu_si512(reinterpret_cast<const uint16_t*>(v[j] + vh) + c + 32 * x);
+      const __m512i v1 = j + 1 < nk ? _mm512_loadu_si512(reinterpret_cast<const uint16_t*>(v[j + 1] + vh) + c + 32 * x)
+                                    : _mm512_setzero_si512();
+      lo[x] = _mm512_unpacklo_epi16(v0, v1);
+      hi[x] = _mm512_unpackhi_epi16(v0, v1);
+    }
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, pb + r * ldpb + j, 4);
+      const __m512i pp = _mm512_set1_epi32(int(pair));
+      for (int x = 0; x < NB; ++x) {
+        a[r * 2 * NB + 2 * x] = _mm512_dpbf16_ps(a[r * 2 * NB + 2 * x], (__m512bh)pp, (__m512bh)lo[x]);
+        a[r * 2 * NB + 2 * x + 1] = _mm512_dpbf16_ps(a[r * 2 * NB + 2 * x + 1], (__m512bh)pp, (__m512bh)hi[x]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int x = 0; x < 2 * NB; ++x) _mm512_storeu_ps(acc + r * ldacc + c + x * 16, a[r * 2 * NB + x]);
+}
+
+template <int R, int KB, bool kScale>
+FLASHATTN_BF16_TARGET static void accumulate_bf16_rows(int d, int nk, const uint16_t* pb, int64_t ldpb,
+                                                       const char* const* v, int64_t vh, const float* row_scale,
+                                                       float* acc, int64_t ldacc) {
+  int c = 0;
+  for (; c + 64 <= d; c += 64) accumulate_bf16_block<R, 2, KB, kScale>(c, nk, pb, ldpb, v, vh, row_scale, acc, ldacc);
+  if (c < d) accumulate_bf16_block<R, 1, KB, kScale>(c, nk, pb, ldpb, v, vh, row_scale, acc, ldacc);  // d % 32 == 0
+}
+
+template <int KB, bool kScale>
+FLASHATTN_BF16_TARGET static void accumulate_bf16_heads(int nh, int nr, int d, int nk, const uint16_t* pb,
+                                                        int64_t pb_head, int64_t ldpb, const char* const* v,
+                                                        int64_t v_head, const float* row_scale, float* acc,
+                                                        int64_t acc_head, int64_t ldacc) {
+  for (int h = 0; h < nh; ++h) {
+    const uint16_t* ph = pb + h * pb_head;
+    const int64_t vh = h * v_head;
+    const float* sh = row_scale + h * nr;
+    float* ah = acc + h * acc_head;
+    int r = 0;
+    for (; r + 4 <= nr; r += 4)
+      accumulate_bf16_rows<4, KB, kScale>(d, nk, ph + r * ldpb, ldpb, v, vh, sh + r, ah + r * ldacc, ldacc);
+    switch (nr - r) {
+      case 3: accumulate_bf16_rows<3, KB, kScale>(d, nk, ph + r * ldpb, ldpb, v, vh, sh + r, ah + r * ldacc, ldacc); break;
+      case 2: accumulate_bf16_rows<2, KB, kScale>(d, nk, ph + r * ldpb, ldpb, v, vh, sh + r, ah + r * ldacc, ldacc); break;
+      case 1: accumulate_bf16_rows<1, KB, kScale>(d, nk, ph + r * ldpb, ldpb, v, vh, sh + r, ah + r * ldacc, ldacc); break;
+      default: break;
+    }
+  }
+}
+
+FLASHATTN_BF16_TARGET static void accumulate_bf16(int nh, int nr, int n, int d, const uint16_t* pb, int64_t pb_head,
+                                                  int64_t ldpb, const char* const* v, int64_t v_head,
+                                                  const float* row_scale, float* acc, int64_t acc_head,
+                                                  int64_t ldacc, const RowPrefetch& also) {
+  constexpr int KB = 8;  // keys per block, an even number
+  for (int i = 0; i < KB && i < n; ++i) prefetch_row(also, i);
+  accumulate_bf16_heads<KB, true>(nh, nr, d, n < KB ? n : KB, pb, pb_head, ldpb, v, v_head, row_scale, acc,
+                                  acc_head, ldacc);  // the first keys apply row_scale
+  for (int j = KB; j < n; j += KB) {
+    for (int i = 0; i < KB; ++i) prefetch_row(also, j + i);
+    accumulate_bf16_heads<KB, false>(nh, nr, d, n - j < KB ? n - j : KB, pb + j, pb_head, ldpb, v + j, v_head,
+                                     row_scale, acc, acc_head, ldacc);
+  }
+  for (int j = (n + KB - 1) / KB * KB; j < also.count; ++j) prefetch_row(also, j);
+}
 #undef FLASHATTN_BF16_TARGET
 
 }  // namespace
 
-const DecodeKernels kDecodeKernelsAvx512 = {"avx512", 2 * T::kLanes, scores, nullptr, accumulate};
-const DecodeKernels kDecodeKernelsAvx512Bf16 = {"avx512", 2 * T::kLanes, scores, scores_bf16, accumulate};
+const DecodeKernels kDecodeKernelsAvx512 = {"avx512", 2 * T::kLanes, scores, nullptr, nullptr, accumulate};
+const DecodeKernels kDecodeKernelsAvx512Bf16 = {"avx512", 2 * T::kLanes, scores, scores_bf16, accumulate_bf16,
+                                                accumulate};
 
 }  // namespace flashattn::cpu

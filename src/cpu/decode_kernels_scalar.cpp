@@ -40,6 +40,6 @@ void accumulate(int nh, int nr, int n, int d, const float* p, int64_t p_head, in
 
 }  // namespace
 
-const DecodeKernels kDecodeKernelsScalar = {"scalar", 0, scores, nullptr, accumulate};
+const DecodeKernels kDecodeKernelsScalar = {"scalar", 0, scores, nullptr, nullptr, accumulate};
 
 }  // namespace flashattn::cpu

@@ -176,14 +176,30 @@ void from_block_order(float* row, int64_t d, int block) {
   }
 }
 
+// A row of accumulate_bf16's acc (DecodeKernels: bf16_dot_column order, d a multiple of 32) back
+// into natural column order.
+void from_dot_order(float* row, int64_t d) {
+  float tmp[32];
+  for (int64_t c0 = 0; c0 < d; c0 += 32) {
+    for (int i = 0; i < 32; ++i) tmp[bf16_dot_column(i)] = row[c0 + i];
+    std::copy(tmp, tmp + 32, row + c0);
+  }
+}
+
+bool bf16_dot_accumulate(const KVParams& p, const DecodeKernels& dk) {
+  return p.dtype == DType::bf16 && dk.accumulate_bf16 != nullptr && p.head_dim % 32 == 0;
+}
+
 struct DecodeScratch {
   std::vector<float> q;      // (Hkv, rows, d_pad): every head's query rows, rotated, times qmult
   std::vector<uint16_t> qb;  // (Hkv, rows, bf16_pad(d)): the same rotated rows in bf16, unscaled
   std::vector<float> s;      // (Hkv, rows, kDecodeChunk): scores, then probabilities, of one chunk
+  std::vector<uint16_t> pb;  // (Hkv, rows, kDecodeChunk + 2): the chunk's probabilities in bf16
   std::vector<float> scale;  // (Hkv, rows): the online-softmax rescale of acc for that chunk
   DecodeScratch(int64_t heads_kv, int64_t rows, int64_t d)
       : q(size_t(heads_kv * rows * pad_n(d)), 0.f), qb(size_t(heads_kv * rows * bf16_pad(d)), 0),
-        s(size_t(heads_kv * rows * kDecodeChunk)), scale(size_t(heads_kv * rows)) {}
+        s(size_t(heads_kv * rows * kDecodeChunk)), pb(size_t(heads_kv * rows * (kDecodeChunk + 2)), 0),
+        scale(size_t(heads_kv * rows)) {}
 };
 
 // One decode item: all KV heads of sequence b over keys [k0, k1) into acc (Hkv, rows, d_pad) and
@@ -201,6 +217,10 @@ void decode_item(const KVParams& p, const TileKernels& tk, const DecodeKernels& 
   // dtype of the call; exact unless rotated, as the CUDA kernels round them) and times qmult after.
   const bool bf16_dot = p.dtype == DType::bf16 && dk.scores_bf16 != nullptr;
   const int64_t dq = bf16_pad(d);
+  // and the values' sum by the same instruction over pairs of keys, the probabilities rounded to
+  // bf16 (as the CUDA kernels round P), where d is a multiple of 32 (acc then in dot order).
+  const bool bf16_acc = bf16_dot_accumulate(p, dk);
+  constexpr int64_t ldpb = kDecodeChunk + 2;
   int64_t lo = k1, hi = k0;
   int64_t row_lo[kDecodeRows], row_hi[kDecodeRows];
   for (int r = 0; r < nr; ++r) {
@@ -262,11 +282,20 @@ void decode_item(const KVParams& p, const TileKernels& tk, const DecodeKernels& 
           if (t + j < row_lo[r] || t + j >= row_hi[r]) sr[j] = -INFINITY;
       w.scale[size_t(hr)] = st[hr].begin_tile(tk.row_max(sr, n));
       st[hr].add_sum(tk.exp2_sum(sr, n, st[hr].exp_offset()));
+      if (bf16_acc) {
+        uint16_t* pr = &w.pb[size_t(hr * ldpb)];
+        tk.store(sr, n, 1.f, DType::bf16, pr);
+        pr[n] = 0;  // the partner of an odd last key
+      }
     }
     rows_of(t + n, n_next, cur ^ 1);
     const RowPrefetch k_also{k_rows[cur ^ 1], k_head, row_bytes, int(Hkv), n_next};
-    dk.accumulate(int(Hkv), nr, n, int(d), s, s_head, kDecodeChunk, v_rows[cur], v_head, p.dtype, w.scale.data(), acc,
-                  q_head, d_pad, k_also);
+    if (bf16_acc)
+      dk.accumulate_bf16(int(Hkv), nr, n, int(d), w.pb.data(), nr * ldpb, ldpb, v_rows[cur], v_head, w.scale.data(),
+                         acc, q_head, d_pad, k_also);
+    else
+      dk.accumulate(int(Hkv), nr, n, int(d), s, s_head, kDecodeChunk, v_rows[cur], v_head, p.dtype, w.scale.data(),
+                    acc, q_head, d_pad, k_also);
   }
 }
 
@@ -303,7 +332,8 @@ int decode(const KVParams& p, const TileKernels& tk) {
           s0.merge(st[size_t(it * per_item + row)], &acc[size_t((it * per_item + row) * d_pad)], int(d), a0);
         }
         const int64_t i = r / G, h = hkv * G + r % G;
-        if (bf16_block > 0) from_block_order(a0, d, bf16_block);
+        if (bf16_dot_accumulate(p, dk)) from_dot_order(a0, d);
+        else if (bf16_block > 0) from_block_order(a0, d, bf16_block);
         tk.store(a0, int(d), s0.inv_sum(), p.dtype, elem(p.out, p.dtype, b, i, h));
         if (p.lse.data) p.lse.data[p.lse.offset(b, h, i)] = s0.lse();
       }

@@ -129,11 +129,13 @@ FLASHATTN_BF16_TARGET static void scores_bf16(int nh, int nr, int n, int d, cons
   int j = 0;
   for (; j + J <= n; j += J) {
     for (int i = 0; i < J; ++i) prefetch_row(also, j + i);
+    touch_block(k + j, J, k_head, int64_t(d) * 2, nh);
     for (int h = 0; h < nh; ++h)
       scores_bf16_head<J>(nr, d, q + h * q_head, ldq, k + j, h * k_head, qmult, s + h * s_head + j, lds);
   }
   for (; j < n; ++j) {
     prefetch_row(also, j);
+    touch_block(k + j, 1, k_head, int64_t(d) * 2, nh);
     for (int h = 0; h < nh; ++h)
       scores_bf16_head<1>(nr, d, q + h * q_head, ldq, k + j, h * k_head, qmult, s + h * s_head + j, lds);
   }
@@ -217,10 +219,12 @@ FLASHATTN_BF16_TARGET static void accumulate_bf16(int nh, int nr, int n, int d, 
                                                   int64_t ldacc, const RowPrefetch& also) {
   constexpr int KB = 8;  // keys per block, an even number
   for (int i = 0; i < KB && i < n; ++i) prefetch_row(also, i);
+  touch_block(v, n < KB ? n : KB, v_head, int64_t(d) * 2, nh);
   accumulate_bf16_heads<KB, true>(nh, nr, d, n < KB ? n : KB, pb, pb_head, ldpb, v, v_head, row_scale, acc,
                                   acc_head, ldacc);  // the first keys apply row_scale
   for (int j = KB; j < n; j += KB) {
     for (int i = 0; i < KB; ++i) prefetch_row(also, j + i);
+    touch_block(v + j, n - j < KB ? n - j : KB, v_head, int64_t(d) * 2, nh);
     accumulate_bf16_heads<KB, false>(nh, nr, d, n - j < KB ? n - j : KB, pb + j, pb_head, ldpb, v + j, v_head,
                                      row_scale, acc, acc_head, ldacc);
   }

@@ -92,6 +92,11 @@ inline int64_t bf16_pad(int64_t d) { return (d + 31) / 32 * 32; }
 // override_tile_kernels() select both); scalar for a table of any other name.
 const DecodeKernels& decode_kernels();
 
+// For tests: make decode_kernels() return `table` from now on (null: back to the choice above),
+// e.g. the AVX-512 table without its bf16 dot-product kernels on a CPU that has them. Not for use
+// while a kernel runs.
+void override_decode_kernels(const DecodeKernels* table);
+
 extern const DecodeKernels kDecodeKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const DecodeKernels kDecodeKernelsAvx2;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/kv_params.hpp"
+#include "cpu/decode_kernels.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/reference.hpp"
 #include "flashattn/kvcache.hpp"
@@ -484,19 +485,30 @@ INSTANTIATE_TEST_SUITE_P(Cpu, KvCacheDecode, ::testing::ValuesIn(decode_path_cas
                          [](const auto& info) { return info.param.name; });
 
 // The decode kernels of every instruction set this CPU runs (the scalar table always), each
-// against the oracle on the cases that take the decode path.
+// against the oracle on the cases that take the decode path; on a CPU with AVX512_BF16 the
+// AVX-512 table both with its bf16 dot-product kernels (its default there) and without.
 TEST(KvCacheDecodeIsa, EveryInstructionSetMatchesTheOracle) {
   std::vector<KvCase> all = cases();
   for (const KvCase& c : decode_path_cases()) all.push_back(c);
+  auto run_all = [&](const std::string& what) {
+    for (const KvCase& c : all) {
+      if (c.Sq * (c.H / c.Hkv) > 16) continue;
+      SCOPED_TRACE(what + " " + c.name);
+      run_case(c, Device::cpu);
+    }
+  };
   for (const char* isa : {"scalar", "avx2", "avx512"}) {
     const flashattn::cpu::TileKernels* table = flashattn::cpu::tile_kernels_for(isa);
     if (!table) continue;
     flashattn::cpu::override_tile_kernels(table);
-    for (const KvCase& c : all) {
-      if (c.Sq * (c.H / c.Hkv) > 16) continue;
-      SCOPED_TRACE(std::string(isa) + " " + c.name);
-      run_case(c, Device::cpu);
+    run_all(std::string(isa) + " (" + (flashattn::cpu::decode_kernels().scores_bf16 ? "bf16 dot products" : "fp32") + ")");
+#if defined(__x86_64__) || defined(_M_X64)
+    if (!std::strcmp(isa, "avx512") && flashattn::cpu::decode_kernels().scores_bf16) {
+      flashattn::cpu::override_decode_kernels(&flashattn::cpu::kDecodeKernelsAvx512);
+      run_all("avx512 (fp32)");
+      flashattn::cpu::override_decode_kernels(nullptr);
     }
+#endif
     flashattn::cpu::override_tile_kernels(nullptr);
   }
 }

@@ -9,8 +9,8 @@
 // One implementation per instruction set, chosen with the tile-kernel table (isa.hpp):
 //   decode_kernels_scalar.cpp  (always built; the one the others are tested against)
 //   decode_kernels_avx2.cpp    (-mavx2 -mfma -mf16c)
-//   decode_kernels_avx512.cpp  (-mavx512f/bw/vl/dq -mfma; scores_bf16 with AVX512_BF16 where the
-//                              CPU has it)
+//   decode_kernels_avx512.cpp  (-mavx512f/bw/vl/dq -mfma; scores_bf16 and accumulate_bf16 with
+//                              AVX512_BF16 where the CPU has it)
 // The two SIMD ones share decode_kernels_simd.inl.
 #pragma once
 
@@ -101,7 +101,7 @@ extern const DecodeKernels kDecodeKernelsScalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const DecodeKernels kDecodeKernelsAvx2;
 extern const DecodeKernels kDecodeKernelsAvx512;
-extern const DecodeKernels kDecodeKernelsAvx512Bf16;  // kDecodeKernelsAvx512 with scores_bf16
+extern const DecodeKernels kDecodeKernelsAvx512Bf16;  // kDecodeKernelsAvx512 with scores_bf16, accumulate_bf16
 #endif
 
 }  // namespace flashattn::cpu

@@ -305,6 +305,7 @@ int decode(const KVParams& p, const TileKernels& tk) {
   const int64_t d = p.head_dim, d_pad = pad_n(d), G = p.group_size(), Hkv = p.heads_kv;
   const int64_t nr = G * p.seqlen_q, per_item = Hkv * nr;  // rows of one item
   const int bf16_block = p.dtype == DType::bf16 ? dk.bf16_block : 0;
+  const bool dot_order = bf16_dot_accumulate(p, dk);  // acc in bf16_dot_column order
   const int splits = choose_splits(p, p.batch);
   const int64_t items = p.batch * splits;  // (b, split), split fastest
   std::vector<float> acc(size_t(items * per_item * d_pad));
@@ -332,7 +333,7 @@ int decode(const KVParams& p, const TileKernels& tk) {
           s0.merge(st[size_t(it * per_item + row)], &acc[size_t((it * per_item + row) * d_pad)], int(d), a0);
         }
         const int64_t i = r / G, h = hkv * G + r % G;
-        if (bf16_dot_accumulate(p, dk)) from_dot_order(a0, d);
+        if (dot_order) from_dot_order(a0, d);
         else if (bf16_block > 0) from_block_order(a0, d, bf16_block);
         tk.store(a0, int(d), s0.inv_sum(), p.dtype, elem(p.out, p.dtype, b, i, h));
         if (p.lse.data) p.lse.data[p.lse.offset(b, h, i)] = s0.lse();

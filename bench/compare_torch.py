@@ -7,7 +7,9 @@
   --bench : the FlashAttention grid (batch*seqlen = 16384, heads*head_dim = 2048, seqlen 512..16384,
             head_dim 64/128/256, causal and not), forward and backward TFLOP/s of ours vs SDPA's flash
             (FlashAttention-2) and cuDNN backends; median of CUDA-event timings after warm-up, the
-            implementations interleaved (interleaved_ms), per call and back to back.
+            implementations interleaved (interleaved_ms), per call and back to back; FlashAttention-4
+            (`flash_attn.cute`, the flash-attn-4 wheel) in the same rows where it imports (--fa4 auto);
+            --det adds our deterministic backward (Options::deterministic) to the same rounds.
 Our library is reached through bench/torch_shim.cpp (ctypes, raw device pointers).
 """
 import argparse, contextlib, ctypes, functools, json, math, statistics, sys
@@ -428,7 +430,22 @@ def interleaved_groups(impls, reps, batch):
     return out
 
 
-def bench(lib, dims, seqlens, dtype, reps, out_json):
+def fa4_module(mode):
+    """FlashAttention-4's flash_attn_func (flash_attn.cute) or None: mode "auto" where it imports,
+    "off" never, "on" or the import error."""
+    if mode == "off":
+        return None
+    try:
+        from flash_attn.cute import flash_attn_func
+        return flash_attn_func
+    except Exception as ex:  # noqa: BLE001
+        if mode == "on":
+            raise
+        print(f"  fa4: not in this run ({type(ex).__name__}: {ex})", file=sys.stderr)
+        return None
+
+
+def bench(lib, dims, seqlens, dtype, reps, out_json, fa4=None, det=False):
     results = []
     for d in dims:
         for causal in (False, True):
@@ -443,6 +460,8 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
                 impls = {"ours_fwd": (lib.bind_forward(q, k, v, o, l, causal=causal), none),
                          "ours_bwd": (lib.bind_backward(q, k, v, o, do, l, dq, dk, dv, causal=causal), none)}
                 impls["ours_fwd"][0]()  # o, l for the backward
+                if det:  # Options::deterministic, in the same rounds as the default
+                    impls["det_bwd"] = (lib.bind_backward(q, k, v, o, do, l, dq, dk, dv, causal=causal, deterministic=True), none)
                 qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
                 dot = do.transpose(1, 2)
                 for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -458,6 +477,17 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
                         row[f"{name}_fwd"] = row[f"{name}_bwd"] = float("nan")
                         row[f"{name}_fwd_s"] = row[f"{name}_bwd_s"] = float("nan")
                         print(f"  {name} d{d} n{n}: {ex}", file=sys.stderr)
+                if fa4:  # (B, N, H, d) as ours; its backward through autograd, as SDPA's
+                    try:
+                        q4, k4, v4 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+                        f_ = lambda: fa4(q4, k4, v4, causal=causal)[0]  # noqa: E731
+                        o4 = f_()
+                        b_ = lambda o4=o4: torch.autograd.grad(o4, (q4, k4, v4), do, retain_graph=True)  # noqa: E731
+                        b_()
+                        impls["fa4_fwd"], impls["fa4_bwd"] = (f_, none), (b_, none)
+                    except Exception as ex:  # noqa: BLE001
+                        row["fa4_fwd"] = row["fa4_bwd"] = row["fa4_fwd_s"] = row["fa4_bwd_s"] = float("nan")
+                        print(f"  fa4 d{d} n{n}: {type(ex).__name__}: {ex}", file=sys.stderr)
                 # Each call twice: started on an idle GPU (host time included in every sample) and
                 # back to back (*_s keys: 10 calls between two events, host time hidden where shorter
                 # than the kernels, as in FlashAttention's own benchmarks).
@@ -476,7 +506,11 @@ def bench(lib, dims, seqlens, dtype, reps, out_json):
                       f"{tf('ours_fwd_tf')/tf('cudnn_fwd_tf'):.2f}x cudnn, bwd {tf('ours_bwd_tf')/tf('fa2_bwd_tf'):.2f}x fa2 "
                       f"{tf('ours_bwd_tf')/tf('cudnn_bwd_tf'):.2f}x cudnn | back to back: fwd "
                       f"{tf('ours_fwd_tf_s')/tf('cudnn_fwd_tf_s'):.2f}x cudnn, bwd "
-                      f"{tf('ours_bwd_tf_s')/tf('cudnn_bwd_tf_s'):.2f}x cudnn", flush=True)
+                      f"{tf('ours_bwd_tf_s')/tf('cudnn_bwd_tf_s'):.2f}x cudnn"
+                      + (f" | fa4 fwd {tf('fa4_fwd_tf'):6.1f} bwd {tf('fa4_bwd_tf'):6.1f} TFLOP/s, bwd ours/fa4 "
+                         f"{tf('ours_bwd_tf')/tf('fa4_bwd_tf'):.2f}x" if fa4 else "")
+                      + (f" | deterministic bwd {tf('det_bwd_tf'):6.1f} TFLOP/s, {tf('det_bwd_tf')/tf('ours_bwd_tf'):.2f}x default"
+                         if det else ""), flush=True)
                 del q, k, v, do, o, l, dq, dk, dv, qt, kt, vt, impls
     if out_json:
         # Strict JSON: a rate that could not be measured (NaN: a backend unavailable) is null.
@@ -522,6 +556,9 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--order", choices=("balanced", "rotation"), default="balanced",
                     help="implementation order of the interleaved timing (interleaved_ms)")
+    ap.add_argument("--fa4", choices=("auto", "on", "off"), default="auto",
+                    help="--bench: FlashAttention-4 (flash_attn.cute) in the rows where it imports")
+    ap.add_argument("--det", action="store_true", help="--bench: also our deterministic backward")
     ap.add_argument("--json", default="", help="--bench: write the rows here (strict JSON: a missing rate is null)")
     a = ap.parse_args()
     global ORDER
@@ -533,7 +570,7 @@ def main():
         overhead(lib, max(a.reps, 50))
     if a.bench:
         bench(lib, [int(x) for x in a.dims.split(",")], [int(x) for x in a.seqlens.split(",")],
-              torch.bfloat16 if a.dtype == "bf16" else torch.float16, a.reps, a.json)
+              torch.bfloat16 if a.dtype == "bf16" else torch.float16, a.reps, a.json, fa4_module(a.fa4), a.det)
     sys.exit(1 if fails else 0)
 
 

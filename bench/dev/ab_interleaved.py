@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Same-process A/B of forward variants, interleaved: several builds of the library (or one build
+"""Same-process A/B of forward (or, with --bwd, backward) variants, interleaved: several builds of the library (or one build
 under different FLASHATTN_* knobs) timed call batch by call batch in a rotating order, so every
 variant sees the same clock and power state (the H200 sits at its power limit under this load and
 its clock follows what ran just before; bench/dev/sustained.py). bwd_variants.py instead runs one
@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--configs", default="128:2048:0")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--batch", type=int, default=5)
+    ap.add_argument("--bwd", action="store_true", help="time the backward (out and LSE from the first variant's forward)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ab_")
     variants = load_variants(a.variants, tmp)
@@ -54,9 +55,14 @@ def main():
     print(f"{'config':16s} " + " ".join(f"{n:>12s}" for n in names) + "   (ms per call; x: speed vs " + names[0] + ")")
     for d, n, causal in grid_configs(a.configs):
         _, _, q, k, v, o, l = grid_problem(d, n)
+        if a.bwd:
+            do = torch.randn_like(q)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(q), torch.empty_like(q)
+            variants[0][1].forward(q, k, v, o, l, causal=causal)
         fns = {}
         for name, lib, env in variants:
-            fn = lib.bind_forward(q, k, v, o, l, causal=causal)
+            fn = (lib.bind_backward(q, k, v, o, do, l, dq, dk, dv, causal=causal) if a.bwd
+                  else lib.bind_forward(q, k, v, o, l, causal=causal))
             if first:  # the knobs are read at a library's first call
                 saved = {key: os.environ.get(key) for key in env}
                 os.environ.update(env)

@@ -1,5 +1,6 @@
 // GPU-only checks of the CUDA kernels (skipped loudly without a device):
-//  - the same inputs 50x: forward bitwise equal, deterministic backward bitwise equal (races);
+//  - the same inputs 50x: forward bitwise equal, deterministic backward bitwise equal (races), and
+//    10x on a problem of more work tiles than SMs;
 //  - fully-masked rows (causal with Nq > Nk): output 0, LSE -inf, gradients 0, no NaN anywhere;
 //  - inputs scaled x10 and x30: every output finite;
 //  - concurrent callers: six host threads, each on its own non-blocking stream, run forward and the
@@ -107,17 +108,38 @@ class CudaKernels : public ::testing::TestWithParam<Algorithm> {
 };
 
 TEST_P(CudaKernels, Repeat50BitwiseEqual) {
-  for (int64_t d : {64, 128, 256}) {
-    Problem p(2, 333, 517, 8, 2, d, 1.f, unsigned(d));
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      Problem p(2, 333, 517, 8, 2, d, 1.f, unsigned(d));
+      Options o;
+      o.causal = causal;
+      o.deterministic = true;
+      o.algorithm = GetParam();
+      p.run(o);
+      const auto first = p.snapshot();
+      for (int i = 1; i < 50; ++i) {
+        p.run(o);
+        ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (d " << d << ", causal " << causal << "): a race";
+      }
+    }
+}
+
+// More work tiles than the GPU has SMs (the Hopper backward's persistent grid without causal, a
+// tile per CTA with it), each query tile seen by 32 key tiles: the deterministic backward's fixed
+// dQ order holds across CTAs that run at once and after each other.
+TEST_P(CudaKernels, DeterministicManyTilesBitwiseEqual) {
+  for (bool causal : {false, true}) {
+    Problem p(1, 4096, 4096, 16, 8, 128, 1.f, 11u + causal);
     Options o;
-    o.causal = d == 128;
+    o.causal = causal;
     o.deterministic = true;
     o.algorithm = GetParam();
     p.run(o);
     const auto first = p.snapshot();
-    for (int i = 1; i < 50; ++i) {
+    for (int i = 1; i < 10; ++i) {
+      p.poison_outputs();
       p.run(o);
-      ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (d " << d << "): a race";
+      ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (causal " << causal << "): a race";
     }
   }
 }

@@ -2,8 +2,8 @@
 // flashattn::last_kernel_path() —
 //  - bf16 d128 forward and backward: "cuda.sm90" on an sm_90 device (the portable "cuda.sm80"
 //    elsewhere, or with FLASHATTN_PORTABLE_ONLY set);
-//  - Options::deterministic: the backward "cuda.sm80" (the Hopper backward sums dQ with unordered
-//    atomics);
+//  - Options::deterministic: the backward takes the same path (the Hopper backward adds dQ in a fixed
+//    order then), causal and not;
 //  - Algorithm::standard: "cuda.standard" for both;
 //  - f32 with Algorithm::flash: Error with kind() unsupported (no flash kernel takes f32), and the
 //    path of the previous call is kept.
@@ -96,13 +96,18 @@ TEST_F(CudaKernelPath, Bf16D128FlashOnHopper) {
   }
 }
 
-TEST_F(CudaKernelPath, DeterministicBackwardIsPortable) {
+TEST_F(CudaKernelPath, DeterministicBackward) {
+  std::string why;
+  const std::string want = flash_path(&why);
   DeviceProblem p(DType::bf16);
-  Options o;
-  o.deterministic = true;
-  p.run_forward(o);
-  p.run_backward(o);
-  EXPECT_EQ(std::string(last_kernel_path()), "cuda.sm80") << "Options::deterministic backward";
+  for (bool causal : {false, true}) {
+    Options o;
+    o.causal = causal;
+    o.deterministic = true;
+    p.run_forward(o);
+    p.run_backward(o);
+    EXPECT_EQ(std::string(last_kernel_path()), want) << "Options::deterministic backward, causal " << causal << " (" << why << ")";
+  }
 }
 
 TEST_F(CudaKernelPath, StandardAlgorithm) {

@@ -26,7 +26,9 @@
 //   - a step without the mask is visible for every existing (query, key) pair;
 //   - StepMask hides exactly the invisible (query, key) pairs of every register of every consumer
 //     thread (the d64/d128 kernel; the d256 kernel masks with inline code of bwd/kernel_wide.cuh,
-//     not checked here).
+//     not checked here);
+//   - Options::deterministic: the key tiles seeing a query tile take their dQ turns (dq_turn) in
+//     the order the work tiles are taken (bwd_tile_key), 0, 1, 2, … without gaps.
 // Tiles: the forward's (d64 with 192 rows, d128, d192, d256) and the backward's (d64, d128, d256).
 #include <gtest/gtest.h>
 
@@ -330,6 +332,26 @@ bool check_backward_instance(const Window& w, int wl, int wr, bool varlen, bool 
             }
           }
         }
+    }
+  }
+  // Options::deterministic: the key tiles that see query tile m take turns 0, 1, 2, … at its dQ
+  // blocks (dq_turn) in the order the work tiles are taken (bwd_tile_key: work tile idx of key
+  // tile n), so a tile waits only for tiles started before it.
+  a.n_blocks = n_blocks;
+  a.flags = sm90::kBwdDeterministic;
+  std::vector<int> next_turn(a.m_blocks, 0);
+  for (int idx = 0; idx < n_blocks; ++idx) {
+    const int n = sm90::bwd::bwd_tile_key<kCausal>(a, idx);
+    int m_begin = -1, m_end = -1;
+    sm90::bwd::query_range<Tile, kCausal, true>(a, s, n, m_begin, m_end);
+    for (int m = m_begin; m < m_end; ++m) {
+      const int turn = sm90::bwd::dq_turn<Tile, kCausal>(a, s, n, m);
+      if (turn != next_turn[m]) {
+        ADD_FAILURE() << what << " work tile " << idx << " (key tile " << n << ") at query tile " << m << ": turn "
+                      << turn << ", expected " << next_turn[m] << " (the tiles taken before it that see m)";
+        return false;
+      }
+      ++next_turn[m];
     }
   }
   return true;

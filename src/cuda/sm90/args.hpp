@@ -139,19 +139,18 @@ struct BwdArgs {
   // count the longest sequence's tiles, batch the sequences (seq.cuh, SeqRows).
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
+  // kBwdDeterministic: one counter per dQ block (dq_accum's 64 × 64 blocks, same index), zeroed
+  // before the kernel: the number of key tiles that have added to the block so far.
+  int* dq_turn;
 };
 
-// Variants of the backward kernel (BwdArgs::flags). Defaults are chosen per head dim in
-// dispatch_bwd.cu; a build with FLASHATTN_DEV_KNOBS lets FLASHATTN_SM90_BWD_FLAGS override them for
-// measurements. kBwdNoDq drops work and gives a wrong dQ: it exists only to time what accumulating
-// dQ costs.
+// Variants of the backward kernel (BwdArgs::flags), chosen per call in dispatch_bwd.cu (a build with
+// FLASHATTN_DEV_KNOBS lets FLASHATTN_SM90_BWD_FLAGS force kBwdPersistent for measurements).
 enum BwdFlags : int {
-  // 1 and 16 (d64 warpgroup ping-pong, summed dQ partials) belonged to the retired 64-query d64 step
-  kBwdAtomicDq = 2,  // dQ added by per-thread fp32 vector atomics instead of one bulk reduction
-  kBwdNoDq = 4,      // experiment: dQ computed but never added
   kBwdPersistent = 8,  // min(tiles, SMs) CTAs looping over tiles: the next tile's K/V and Q/dO
                        // load while the current tile's epilogue runs (else one CTA per tile)
-  kBwdNoStatPrefetch = 32,  // experiment: no L2 prefetch of each step's LSE and D by the producer
+  kBwdDeterministic = 64,  // Options::deterministic: each dQ block takes the key tiles' additions in
+                           // a fixed order (bwd/query_tiles.hpp dq_turn, bwd/dq_turns.cuh)
 };
 
 template <int kHeadDim, bool kF16, bool kCausal>

@@ -25,19 +25,18 @@ cudaError_t launch_b(const BwdArgs& a, const detail::Params& p, cudaStream_t s) 
   return causal_kernel(p) ? launch_bwd<kHeadDim, kF16, true>(a, s) : launch_bwd<kHeadDim, kF16, false>(a, s);
 }
 
-// BwdFlags: the measured defaults, or FLASHATTN_SM90_BWD_FLAGS (FLASHATTN_DEV_KNOBS builds). The
-// persistent grid pays at d64/d128 non-causal (+7–14 % at N = 512, +1–2 % at 8192) and loses 3–9 %
-// causal (docs/perf/log.md, P-042).
-int bwd_flags(int d, bool causal) {
+// BwdFlags: the measured defaults, or FLASHATTN_SM90_BWD_FLAGS (FLASHATTN_DEV_KNOBS builds: its
+// kBwdPersistent bit). The persistent grid pays at d64/d128 non-causal (+7–14 % at N = 512, +1–2 %
+// at 8192) and loses 3–9 % causal (docs/perf/log.md, P-042).
+int bwd_flags(int d, bool causal, bool deterministic) {
   static const int forced = FLASHATTN_DEV_KNOB("FLASHATTN_SM90_BWD_FLAGS", -1);
-  if (forced >= 0) return forced;
-  return d <= 128 && !causal ? kBwdPersistent : 0;
+  const int persistent = forced >= 0 ? forced & kBwdPersistent : d <= 128 && !causal ? kBwdPersistent : 0;
+  return persistent | (deterministic ? kBwdDeterministic : 0);
 }
 
 }  // namespace
 
 bool supports_backward(const detail::Params& p) {
-  if (p.deterministic) return false;  // dQ is accumulated with unordered atomics
   if (p.seqused_k != nullptr) return false;  // the portable kernels take seqused_k (sm80/mask.cuh)
   // head_dim 96 runs the d128 kernel, Q, K, V, dO zero-padded to 128 by TMA (BwdArgs::x_chunks);
   // 192 the d256 kernel with its fourth column chunk zero (bwd/kernel_wide.cuh, kCols).
@@ -80,6 +79,10 @@ void backward(const detail::Params& p) {
   const long long rows = p.batch * p.heads * static_cast<long long>(m_pad);  // statistics rows
   DeviceScratch stats(size_t(2 * rows) * sizeof(float), s);
   DeviceScratch dq_accum(size_t(rows) * kd * sizeof(float), s);
+  // Options::deterministic: a turn counter per 64 × 64 dQ block (bwd/dq_turns.cuh), zeroed.
+  const size_t dq_blocks = p.deterministic ? size_t(rows / 64) * size_t(kd / 64) : 0;
+  DeviceScratch dq_turn(dq_blocks * sizeof(int), s);
+  if (dq_blocks > 0) check_cuda(cudaMemsetAsync(dq_turn.as<int>(), 0, dq_blocks * sizeof(int), s), "cudaMemsetAsync");
 
   PrepArgs pa{};
   pa.out = p.out.data;
@@ -120,7 +123,8 @@ void backward(const detail::Params& p) {
   a.scale = p.scale;
   a.window_left = kernel_window_left(p);
   a.window_right = kernel_window_right(p);
-  a.flags = bwd_flags(kd, causal_kernel(p));
+  a.flags = bwd_flags(kd, causal_kernel(p), p.deterministic);
+  a.dq_turn = dq_blocks > 0 ? dq_turn.as<int>() : nullptr;
   a.x_chunks = x_chunked(d);
   a.cu_seqlens_q = p.cu_seqlens_q;
   a.cu_seqlens_k = p.cu_seqlens_k;

@@ -42,6 +42,13 @@ inline int fwd_block_m(int head_dim, bool causal, long long seqlen_q, long long 
 // causal; docs/perf/log.md, P-135).
 constexpr int fwd_default_block_n(int head_dim) { return head_dim == 256 ? 80 : head_dim == 192 ? 112 : 128; }
 
+// setmaxnreg moves registers within what the CTA got at launch: with __launch_bounds__(threads, 1)
+// that is 65536 / threads rounded down to 8 per thread (168 at 384 threads: 64512, not 65536). A
+// split that asks for more makes the consumers' setmaxnreg.inc wait forever (docs/hopper-sm90.md §5).
+constexpr bool split_fits(int threads, int producer_regs, int consumer_regs) {
+  return 128 * producer_regs + (threads - 128) * consumer_regs <= 65536 / threads / 8 * 8 * threads;
+}
+
 template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = fwd_default_block_n(kHeadDim)>
 struct FwdTile {
   static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
@@ -54,7 +61,7 @@ struct FwdTile {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
-  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
+  static_assert(split_fits(kThreads, kProducerRegs, kConsumerRegs), "setmaxnreg split over the CTA's registers");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or one V stage
@@ -92,6 +99,7 @@ struct BwdTile {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static_assert(split_fits(kThreads, kProducerRegs, kConsumerRegs), "setmaxnreg split over the CTA's registers");
   static constexpr int kChunks = kHeadDim / 64;           // 128-byte column chunks per row
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q or one dO stage
@@ -124,6 +132,7 @@ struct BwdTile<256> {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  static_assert(split_fits(kThreads, kProducerRegs, kConsumerRegs), "setmaxnreg split over the CTA's registers");
   static constexpr int kChunks = 4;
   static constexpr int kKVBytes = kBlockN * 256 * 2;
   static constexpr int kQBytes = kBlockM * 256 * 2;       // one Q or one dO stage

@@ -7,7 +7,8 @@
 //   warpgroup 0 (producer): setmaxnreg.dec; one thread loads K and V once, then Q and dO of each
 //                           query tile into a 2-stage ring (TMA), each step's per-query LSE and D
 //                           (fp32, precomputed) prefetched into L2; the consumers read those with
-//                           plain loads.
+//                           plain loads. Warp 1 is the dQ writer (bwd_write_dq): it adds the
+//                           consumers' staged dQ blocks to dQ_accum by bulk reductions.
 //   warpgroups 1, 2 (consumers): 64 keys each. Per query tile (kBlockM = 128 queries at d64, 64 at
 //                           d128), everything transposed so that the
 //                           probabilities come out of the accumulator in the layout the next GEMM
@@ -21,8 +22,9 @@
 //       dSᵀ → smem (16-bit, 128B-swizzled [key][query] chunks), both warpgroups, named barrier
 //       dQ_partial = dS·K       (SS, A and B MN-major)           m64n64 per warpgroup: 64 of the
 //                                queries (d64) or 64 of the head-dim columns (d128)
-//       dQ_accum += dQ_partial  (staged in smem, one bulk fp32 reduction in L2 per block;
-//                                unordered across CTAs: not bitwise reproducible)
+//       dQ_accum += dQ_partial  (staged in smem, double-buffered; the dQ writer's bulk fp32
+//                                reduction in L2 per block, unordered across CTAs, or with
+//                                kBwdDeterministic in a fixed order of key tiles: dq_turns.cuh)
 // Sᵀ and dPᵀ are issued together; Pᵀ is computed while dPᵀ runs and dV is issued before dSᵀ is
 // computed, so the tensor cores stay busy through the elementwise work.
 // Masks: keys past seqlen_k and (the causal kernels) keys outside a query's window get P = 0;
@@ -34,6 +36,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/args.hpp"
+#include "cuda/sm90/bwd/dq_turns.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/producer.cuh"
 #include "cuda/sm90/bwd/tile.cuh"
@@ -47,6 +50,14 @@
 namespace flashattn::cuda::sm90 {
 namespace bwd {
 
+// One staged dQ block, as a consumer warpgroup hands it to the dQ writer (bwd_write_dq): the step's
+// query tile, head, batch and key tile (kLastStep: the work tile's last step). Batch −1: the
+// warpgroup has no more steps.
+struct DqJob {
+  int m, head, batch, n_block;
+  static constexpr int kLastStep = 1 << 30;
+};
+
 template <class Tile>
 struct Smem {
   uint8_t* k;
@@ -59,6 +70,8 @@ struct Smem {
   uint64_t* empty_kv;  // both consumer warpgroups are done with this tile's K and V
   uint64_t* full;   // [kStages]: Q and dO of one query tile
   uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
+  uint64_t* dq_full;   // [2g + b]: warpgroup g's dQ block is in its buffer b (one arrival per warp)
+  DqJob* dq_job;       // [2g + b]: what buffer b of warpgroup g holds (bwd_write_dq)
 
   __device__ static Smem carve(uint8_t* raw) {
     uint8_t* base = ptx::align_1024(raw);
@@ -74,16 +87,88 @@ struct Smem {
     s.empty_kv = bars + 1;
     s.full = bars + 2;
     s.empty = s.full + Tile::kStages;
+    s.dq_full = s.empty + Tile::kStages;
+    s.dq_job = reinterpret_cast<DqJob*>(s.dq_full + 2 * Tile::kConsumerWGs);
     return s;
   }
-  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 2 * Tile::kStages);
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 2 * Tile::kStages + 2 * Tile::kConsumerWGs) +
+                                2 * Tile::kConsumerWGs * int(sizeof(DqJob));
 
   __device__ void init_barriers() {
     ptx::mbar_init_ring(full_kv, empty_kv, 1, Tile::kConsumerWGs);
     ptx::mbar_init_ring(full, empty, Tile::kStages, Tile::kConsumerWGs);
+    for (int i = 0; i < 2 * Tile::kConsumerWGs; ++i) ptx::mbar_init(dq_full + i, 4);  // one arrival per warp
     ptx::fence_barrier_init();
   }
 };
+
+// dQ_accum's 64 × 64 block that consumer warpgroup g adds at query tile m of (batch, head): the
+// 64-row block of the tile and head-dim chunk g (d128), or the tile's 64-row block g (d64).
+template <class Tile>
+__device__ __forceinline__ float* dq_block(const BwdArgs& a, int batch, int head, int m, int g) {
+  constexpr bool kSplitQueries = Tile::kChunks == 1;
+  const int row64 = m * (Tile::kBlockM / 64) + (kSplitQueries ? g : 0);
+  return a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + row64) * Tile::kChunks * 4096 +
+         (kSplitQueries ? 0 : g * 4096);
+}
+
+// The dQ writer (warp 1 of the producer warpgroup; lane 0 issues): takes the consumer warpgroups'
+// staged dQ blocks in step order (both warpgroups' buffer it & 1 at step it, as DqJob says) and
+// adds each to dQ_accum by one bulk reduction. A buffer goes back to its warpgroup once its
+// reduction has read it, checked one step later so the reductions run while the next step
+// computes: an arrival on the warpgroup's named barrier kDqFreeBar + g, which the warpgroup syncs
+// on before it writes a buffer for the third time or more (each of the writer's arrivals, for
+// steps 0 .. S − 2, meets one of the warpgroup's syncs, at steps 2 .. S, S the end marker's; a
+// named barrier rather than an mbarrier wait, whose spin loop in the consumer made ptxas spill in
+// the softcap instance). With kBwdDeterministic each reduction first waits for its turn, and a work
+// tile's last turns are completed and passed on before the next tile's first wait (dq_turns.cuh).
+// The consumers only stage and arrive; the waits and the issue stay off their path (and the writer
+// walks no tiles itself: a second tile loop in the kernel made ptxas spill 40–200 bytes in the
+// consumers). A job with batch −1 ends the loop.
+constexpr int kDqFreeBar = 1;  // named barriers 1, 2: 128 consumer threads + the writer's warp
+template <class Tile, bool kCausal>
+__device__ __forceinline__ void bwd_write_dq(const BwdArgs& a, Smem<Tile>& sm, int lane) {
+  const bool deterministic = a.flags & kBwdDeterministic;
+  DqTurns<2> turns;
+  turns.reset();
+  for (int it = 0;; ++it) {
+    float* blocks[2];
+    DqJob job;
+    int turn = 0;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int buf = 2 * g + (it & 1);
+      ptx::mbar_wait(sm.dq_full + buf, (it >> 1) & 1);
+      job = sm.dq_job[buf];
+      if (job.batch < 0) {  // both warpgroups are done
+        if (lane == 0) {
+          ptx::bulk_wait_all();  // the staged blocks must outlive the reductions that read them
+          if (deterministic) turns.flush();
+        }
+        return;
+      }
+      blocks[g] = dq_block<Tile>(a, job.batch, job.head, job.m, g);
+      if (lane == 0) {
+        if (deterministic) {
+          turn = dq_turn<Tile, kCausal>(a, seq_rows<true>(a, job.batch), job.n_block & (DqJob::kLastStep - 1), job.m);
+          turns.wait(a, blocks[g], turn);
+        }
+        ptx::bulk_reduce_add_f32(blocks[g], sm.dq_stage + buf * 4096, Tile::kDqStageBytes);
+        ptx::tma_store_commit();
+      }
+    }
+    if (lane == 0) {
+      if (deterministic) turns.added(a, blocks, turn);  // bulk_wait<2>: the previous step's groups complete
+      else ptx::bulk_wait_read<2>();                     // the previous step's groups have read their buffers
+      if (deterministic && (job.n_block & DqJob::kLastStep)) turns.flush();
+    }
+    __syncwarp();
+    if (it > 0) {
+      ptx::named_bar_arrive(kDqFreeBar, 160);
+      ptx::named_bar_arrive(kDqFreeBar + 1, 160);
+    }
+  }
+}
 
 template <int kHeadDim, bool kF16, bool kCausal, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {
@@ -106,6 +191,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
         ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.q + stage * Tile::kQBytes, &a.tm_q, sm.full + stage, row, head, batch);
         ptx::tma_load_tile<Tile::kChunks, kBlockM>(a.x_chunks, sm.dO + stage * Tile::kQBytes, &a.tm_do, sm.full + stage, row, head, batch);
       });
+    else if (threadIdx.x / 32 == 1)
+      bwd_write_dq<Tile, kCausal>(a, sm, threadIdx.x % 32);
     return;
   }
 
@@ -292,30 +379,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
       // Every GEMM of this warpgroup that read the stage has completed: release it to the producer.
       if (t == 0) ptx::mbar_arrive(sm.empty + stage);
 
-      // dQ_accum's 64 × 64 block (64-row block of this query tile, head-dim chunk) += acc_dq.
-      const int row64 = m * (kBlockM / 64) + (kSplitQueries ? g : 0);
-      float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + row64) *
-                                         (kHeadDim / 64) * 4096 + (kSplitQueries ? 0 : g * 4096);
-      if (a.flags & kBwdNoDq) {
-      } else if (a.flags & kBwdAtomicDq) {
-#pragma unroll
-        for (int r = 0; r < 32; r += 2) {
-          atomicAdd(reinterpret_cast<float2*>(dq_block + dq_block_offset(acc_row(t, r), acc_col(t, r))), make_float2(acc_dq[r], acc_dq[r + 1]));
-        }
-      } else {
-        // Staged in smem (double-buffered per warpgroup), then one bulk reduction by thread 0. The
-        // buffer written now was last read by the reduction of step it - 2.
-        float* stage_dq = sm.dq_stage + (2 * g + (it & 1)) * 4096;
-        if (t == 0) ptx::bulk_wait_read<1>();
-        ptx::named_bar_sync(1 + g, 128);
-        stage_block64(stage_dq, acc_dq, t);
-        ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
-        ptx::named_bar_sync(1 + g, 128);
-        if (t == 0) {
-          ptx::bulk_reduce_add_f32(dq_block, stage_dq, Tile::kDqStageBytes);
-          ptx::tma_store_commit();
-        }
-      }
+      // dQ_accum's 64 × 64 block (64-row block of this query tile, head-dim chunk: dq_block) += acc_dq.
+      // Staged in smem (double-buffered per warpgroup) for the dQ writer's bulk reduction: the
+      // buffer written now was last read by its reduction of step it - 2.
+      const int buf = 2 * g + (it & 1);
+      if (it >= 2) ptx::named_bar_sync(kDqFreeBar + g, 160);  // the writer has read this buffer's step it - 2
+      stage_block64(sm.dq_stage + buf * 4096, acc_dq, t);
+      if (t == 0) sm.dq_job[buf] = DqJob{m, head, batch, n_block | (st == steps - 1 ? DqJob::kLastStep : 0)};
+      ptx::fence_proxy_async();  // generic smem writes -> the bulk copy's (async proxy) reads
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(sm.dq_full + buf);
     }
     // Every GEMM of this warpgroup that read K and V has completed (the last step ended with
     // wgmma_wait<0>): the producer may load the next tile's K and V while this epilogue runs.
@@ -323,7 +396,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
     store_dk_dv<kF16, kHeadDim == 128>(a, seq_rows<true>(a, batch), head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
-  if (t == 0) ptx::bulk_wait_all();  // staged dQ blocks must outlive the reductions that read them
+  // No more steps: a null block in the next buffer ends the dQ writer's loop.
+  const int buf = 2 * g + (it & 1);
+  if (it >= 2) ptx::named_bar_sync(kDqFreeBar + g, 160);
+  if (t == 0) sm.dq_job[buf] = DqJob{0, 0, -1, 0};
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(sm.dq_full + buf);
 }
 
 }  // namespace bwd

@@ -14,7 +14,8 @@
 //   both:         dK[:, half] += dSᵀ·Q   (SS: A = dSᵀ K-major from smem, B = Q MN-major)
 //                 dQ[:, half]  = dS·K    (SS: A = dSᵀ read MN-major, B = K MN-major), m64n128
 //                 dQ_accum += dQ[:, half]: two 64 × 64 fp32 blocks, each staged in smem and added
-//                 by one bulk reduction (as bwd/kernel.cuh)
+//                 by one bulk reduction (as bwd/kernel.cuh; in a fixed order of key tiles
+//                 with kBwdDeterministic)
 // Every GEMM is m64 over 64 keys or 64 queries, each warpgroup issues the same FLOPs per step.
 // The hand-offs alternate strictly: warpgroup 0 arrives on barrier 3 at step i only after it passed
 // barrier 4 of step i − 1, which warpgroup 1 arrives on after it passed barrier 3 of step i − 1;
@@ -28,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/args.hpp"
+#include "cuda/sm90/bwd/dq_turns.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/producer.cuh"
 #include "cuda/sm90/bwd/tile.cuh"
@@ -55,6 +57,7 @@ struct WideSmem {
   uint64_t* empty_q;
   uint64_t* full_do;
   uint64_t* empty_do;
+  DqTurns<2>* turns;  // [kConsumerWGs], Options::deterministic (dq_turns.cuh)
 
   __device__ static WideSmem carve(uint8_t* raw) {
     uint8_t* base = ptx::align_1024(raw);
@@ -72,9 +75,11 @@ struct WideSmem {
     s.empty_q = s.full_q + Tile::kStages;
     s.full_do = s.empty_q + Tile::kStages;
     s.empty_do = s.full_do + 1;
+    s.turns = reinterpret_cast<DqTurns<2>*>(s.empty_do + 1);
     return s;
   }
-  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (4 + 2 * Tile::kStages);
+  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (4 + 2 * Tile::kStages) +
+                                Tile::kConsumerWGs * int(sizeof(DqTurns<2>));
 
   __device__ void init_barriers() {
     ptx::mbar_init_ring(full_kv, empty_kv, 1, Tile::kConsumerWGs);
@@ -141,6 +146,8 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
   };
 
   int it = 0, kv_loads = 0;
+  DqTurns<2>& turns = sm.turns[g];  // thread 0's, with kBwdDeterministic
+  if (t == 0) turns.reset();
   for (long long idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const BwdTileCoord tc = bwd_tile<Tile, kCausal, false>(a, int(idx));
     const int n_block = tc.n_block, head_kv = tc.head_kv, batch = tc.batch;
@@ -265,6 +272,7 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
       // time through this warpgroup's staging buffer (registers 0..31: block 2g, 32..63: 2g + 1).
       float* dq_block = a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + m) * 4 * 4096;
       float* stage_dq = sm.dq_stage + g * 4096;
+      float* const blocks[2] = {dq_block + 2 * g * 4096, dq_block + (2 * g + 1) * 4096};
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         if (t == 0) ptx::bulk_wait_read<0>();  // the previous reduction has read the buffer
@@ -273,12 +281,17 @@ __global__ void __launch_bounds__(BwdTile<256>::kThreads, 1) bwd_wide_kernel(con
         ptx::fence_proxy_async();
         ptx::named_bar_sync(1 + g, 128);
         if (t == 0) {
-          ptx::bulk_reduce_add_f32(dq_block + (2 * g + c) * 4096, stage_dq, Tile::kDqStageBytes);
+          const bool deterministic = a.flags & kBwdDeterministic;
+          const int turn = deterministic ? dq_turn<Tile, kCausal>(a, tc.seq, n_block, m) : 0;
+          if (deterministic) turns.wait(a, blocks[c], turn);  // each block's own counter
+          ptx::bulk_reduce_add_f32(blocks[c], stage_dq, Tile::kDqStageBytes);
           ptx::tma_store_commit();
+          if (deterministic && c == 1) turns.added(a, blocks, turn);
         }
       }
     }
     if (tc.steps > 0 && t == 0) ptx::mbar_arrive(sm.empty_kv);
+    if ((a.flags & kBwdDeterministic) && t == 0) turns.flush();
 
     // Epilogue: dV and scale·dK, columns 128g.., straight from the accumulators.
     store_dk_dv<kF16, (kCols < 256)>(a, tc.seq, head_kv, 128 * g, key_row0, acc_dk, acc_dv, t);

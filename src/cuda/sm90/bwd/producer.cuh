@@ -27,7 +27,7 @@ __device__ __forceinline__ void bwd_prologue(const BwdArgs& a, Sm& sm) {
 // both consumer warpgroups released the previous tile's: a fresh barrier passes), then
 // load_step(it, head, m, batch) for each (query head of the group, query tile) step, head-major,
 // it counting the steps over the CTA's life (the ring positions continue across tiles), each
-// preceded by an L2 prefetch of the step's LSE and D (unless kBwdNoStatPrefetch). kKVTxBytes: the
+// preceded by an L2 prefetch of the step's LSE and D. kKVTxBytes: the
 // bytes K and V bring together (head_dim 192 on the d256 kernel loads 3 of the 4 chunks).
 template <class Tile, bool kCausal, bool kVarlen, int kKVTxBytes = 2 * Tile::kKVBytes, class Sm, class LoadStep>
 __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep load_step) {
@@ -45,11 +45,9 @@ __device__ __forceinline__ void bwd_produce(const BwdArgs& a, Sm& sm, LoadStep l
       const int head = tc.head_kv * a.group + st / tc.m_count, m = tc.m_begin + st % tc.m_count;
       // The consumers read this step's LSE and D with plain loads: have them in L2 by then (at
       // short N a query tile's statistics are read by only a few CTAs, the first read misses).
-      if (!(a.flags & kBwdNoStatPrefetch)) {
-        const long long row = stat_row<Tile>(a, tc.batch, head, m);
-        ptx::bulk_prefetch_l2(a.lse_log2 + row, Tile::kBlockM * 4);
-        ptx::bulk_prefetch_l2(a.dsum + row, Tile::kBlockM * 4);
-      }
+      const long long row = stat_row<Tile>(a, tc.batch, head, m);
+      ptx::bulk_prefetch_l2(a.lse_log2 + row, Tile::kBlockM * 4);
+      ptx::bulk_prefetch_l2(a.dsum + row, Tile::kBlockM * 4);
       load_step(it, head, tc.seq.q_start + m * Tile::kBlockM, tc.seq.batch);  // the step's first query row
     }
   }

@@ -33,6 +33,30 @@ FLASHATTN_HD void query_range(const BwdArgs& a, const SeqRows& s, int n_block, i
   }
 }
 
+// Options::deterministic (kBwdDeterministic): the key tiles that see query tile m add to its dQ
+// blocks one at a time, in a fixed order, so the fp32 sums come out the same on every call. Without
+// causal every key tile of the sequence sees every query tile and they add in ascending order; with
+// it, in descending order, and the work tiles are taken in descending key-tile order too
+// (bwd_tile_key), so a tile's predecessors started no later than it did and, walking the query
+// tiles upwards from higher first ones, reached tile m earlier (a CTA waits for them, never the
+// reverse: no deadlock with one CTA per tile). The key tiles that see m are a contiguous range
+// (query_range's bounds rise with the key tile) ending at the last one whose first query row falls
+// in tile m or before: n·kBlockN − diag − window_right < (m + 1)·kBlockM.
+template <bool kCausal>
+FLASHATTN_HD int bwd_tile_key(const BwdArgs& a, int idx) {
+  const int n = idx % a.n_blocks;
+  return kCausal && (a.flags & kBwdDeterministic) ? a.n_blocks - 1 - n : n;
+}
+// The turn of key tile n at query tile m: how many key tiles add to m's dQ blocks before it.
+template <class Tile, bool kCausal>
+FLASHATTN_HD int dq_turn(const BwdArgs& a, const SeqRows& s, int n_block, int m) {
+  if (!kCausal) return n_block;
+  const int key_tiles = (s.k_len + Tile::kBlockN - 1) / Tile::kBlockN;  // those holding the sequence's keys
+  const long long bound = static_cast<long long>(m + 1) * Tile::kBlockM + (s.k_len - s.q_len) + a.window_right;
+  const long long last = (bound - 1) / Tile::kBlockN;  // bound > n_block·kBlockN >= 0 where n sees m
+  return int(last < key_tiles - 1 ? last : key_tiles - 1) - n_block;
+}
+
 // Does step (key tile n, query tile from row q0) need the element mask: keys past seqlen_k, or a
 // key outside some row's window.
 template <class Tile, bool kCausal>

@@ -23,7 +23,8 @@ __device__ __forceinline__ long long stat_row(const BwdArgs& a, int batch, int h
 }
 
 // Work tiles: (key tile, KV head, batch), key tile fastest, so concurrent CTAs share a head's Q
-// and dO in L2 and, for causal, the heaviest key tiles (n = 0 sees every query tile) come first.
+// and dO in L2 and, for causal, the heaviest key tiles (n = 0 sees every query tile) come first
+// (with kBwdDeterministic the lightest: bwd_tile_key).
 // A CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, …: one tile per CTA when the grid covers
 // them all, persistent otherwise (BwdArgs::grid chosen on the host, kBwdPersistent).
 struct BwdTileCoord {
@@ -34,7 +35,7 @@ struct BwdTileCoord {
 template <class Tile, bool kCausal, bool kVarlen>
 __device__ __forceinline__ BwdTileCoord bwd_tile(const BwdArgs& a, int idx) {
   BwdTileCoord c;
-  c.n_block = idx % a.n_blocks;
+  c.n_block = bwd_tile_key<kCausal>(a, idx);
   c.head_kv = (idx / a.n_blocks) % a.heads_kv;
   c.batch = idx / (a.n_blocks * a.heads_kv);
   c.seq = seq_rows<kVarlen>(a, c.batch);

@@ -150,8 +150,13 @@ template <int kPending>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
+// Waits until at most kPending committed bulk groups have not completed (writes included).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 // Waits until every committed bulk group has completed (writes included).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { bulk_wait<0>(); }
 // 5-D box store from smem; out-of-bounds rows of the box are not written (partial tiles).
 __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* ssrc, int c0, int c1,
                                              int c2, int c3, int c4) {
@@ -170,6 +175,11 @@ __device__ __forceinline__ void tma_store_wait_read() {
 // Generic-proxy smem writes -> async-proxy reads (TMA store, wgmma): each writer, then a barrier.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The same between the generic and the async proxy for global memory (a bulk reduction's completed
+// writes before a release store; an acquire load before the next bulk reduction).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 // ---- wgmma fences (§1.2) ------------------------------------------------------------------------

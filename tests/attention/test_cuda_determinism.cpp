@@ -107,20 +107,27 @@ class CudaKernels : public ::testing::TestWithParam<Algorithm> {
   }
 };
 
+// `repeats` runs of p with the deterministic backward, outputs poisoned before each: all bitwise
+// equal to the first.
+void expect_repeats_equal(Problem& p, Algorithm algorithm, bool causal, int repeats, const std::string& what) {
+  Options o;
+  o.causal = causal;
+  o.deterministic = true;
+  o.algorithm = algorithm;
+  p.run(o);
+  const auto first = p.snapshot();
+  for (int i = 1; i < repeats; ++i) {
+    p.poison_outputs();
+    p.run(o);
+    ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (" << what << ", causal " << causal << "): a race";
+  }
+}
+
 TEST_P(CudaKernels, Repeat50BitwiseEqual) {
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true}) {
       Problem p(2, 333, 517, 8, 2, d, 1.f, unsigned(d));
-      Options o;
-      o.causal = causal;
-      o.deterministic = true;
-      o.algorithm = GetParam();
-      p.run(o);
-      const auto first = p.snapshot();
-      for (int i = 1; i < 50; ++i) {
-        p.run(o);
-        ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (d " << d << ", causal " << causal << "): a race";
-      }
+      expect_repeats_equal(p, GetParam(), causal, 50, "d " + std::to_string(d));
     }
 }
 
@@ -130,17 +137,7 @@ TEST_P(CudaKernels, Repeat50BitwiseEqual) {
 TEST_P(CudaKernels, DeterministicManyTilesBitwiseEqual) {
   for (bool causal : {false, true}) {
     Problem p(1, 4096, 4096, 16, 8, 128, 1.f, 11u + causal);
-    Options o;
-    o.causal = causal;
-    o.deterministic = true;
-    o.algorithm = GetParam();
-    p.run(o);
-    const auto first = p.snapshot();
-    for (int i = 1; i < 10; ++i) {
-      p.poison_outputs();
-      p.run(o);
-      ASSERT_TRUE(p.snapshot() == first) << "run " << i << " differs (causal " << causal << "): a race";
-    }
+    expect_repeats_equal(p, GetParam(), causal, 10, "B 1, N 4096, H 16/8, d 128");
   }
 }
 

@@ -1,4 +1,7 @@
-// The Hopper backward kernel: dK, dV and (through fp32 atomics) dQ in one pass, TMA + wgmma.
+// The Hopper backward kernel at d64/d128: dK, dV and (through fp32 bulk reductions) dQ in one
+// pass, TMA + wgmma. Its parts by role: the shared memory (smem.cuh), the producer's loads
+// (producer.cuh), the dQ writer (dq_writer.cuh), the consumers' step loop (here) and their dK/dV
+// store (epilogue.cuh).
 //
 // Work tile = (key tile of kBlockN = 128 keys, KV head, batch); a CTA loops over the query tiles
 // of every query head of the GQA group, so dK and dV stay in registers and need no reduction. The
@@ -36,9 +39,10 @@
 #include <cuda_runtime.h>
 
 #include "cuda/sm90/args.hpp"
-#include "cuda/sm90/bwd/dq_turns.cuh"
+#include "cuda/sm90/bwd/dq_writer.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/producer.cuh"
+#include "cuda/sm90/bwd/smem.cuh"
 #include "cuda/sm90/bwd/tile.cuh"
 #include "cuda/sm90/primitives/fragment.cuh"
 #include "cuda/sm90/primitives/gemm.cuh"
@@ -49,126 +53,6 @@
 
 namespace flashattn::cuda::sm90 {
 namespace bwd {
-
-// One staged dQ block, as a consumer warpgroup hands it to the dQ writer (bwd_write_dq): the step's
-// query tile, head, batch and key tile (kLastStep: the work tile's last step). Batch −1: the
-// warpgroup has no more steps.
-struct DqJob {
-  int m, head, batch, n_block;
-  static constexpr int kLastStep = 1 << 30;
-};
-
-template <class Tile>
-struct Smem {
-  uint8_t* k;
-  uint8_t* v;
-  uint8_t* q;   // stage s at + s·kQBytes
-  uint8_t* dO;
-  uint8_t* ds;  // buffer b at + b·kDSBytes
-  float* dq_stage;  // warpgroup g, buffer b at + (2g + b)·64·64
-  uint64_t* full_kv;
-  uint64_t* empty_kv;  // both consumer warpgroups are done with this tile's K and V
-  uint64_t* full;   // [kStages]: Q and dO of one query tile
-  uint64_t* empty;  // [kStages]: both consumer warpgroups are done with the stage
-  uint64_t* dq_full;   // [2g + b]: warpgroup g's dQ block is in its buffer b (one arrival per warp)
-  DqJob* dq_job;       // [2g + b]: what buffer b of warpgroup g holds (bwd_write_dq)
-
-  __device__ static Smem carve(uint8_t* raw) {
-    uint8_t* base = ptx::align_1024(raw);
-    Smem s;
-    s.k = base;
-    s.v = s.k + Tile::kKVBytes;
-    s.q = s.v + Tile::kKVBytes;
-    s.dO = s.q + Tile::kStages * Tile::kQBytes;
-    s.ds = s.dO + Tile::kStages * Tile::kQBytes;
-    s.dq_stage = reinterpret_cast<float*>(s.ds + 2 * Tile::kDSBytes);
-    uint64_t* bars = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(s.dq_stage) + 4 * Tile::kDqStageBytes);
-    s.full_kv = bars;
-    s.empty_kv = bars + 1;
-    s.full = bars + 2;
-    s.empty = s.full + Tile::kStages;
-    s.dq_full = s.empty + Tile::kStages;
-    s.dq_job = reinterpret_cast<DqJob*>(s.dq_full + 2 * Tile::kConsumerWGs);
-    return s;
-  }
-  static constexpr int kBytes = 1024 + Tile::kSmemBytes + 8 * (2 + 2 * Tile::kStages + 2 * Tile::kConsumerWGs) +
-                                2 * Tile::kConsumerWGs * int(sizeof(DqJob));
-
-  __device__ void init_barriers() {
-    ptx::mbar_init_ring(full_kv, empty_kv, 1, Tile::kConsumerWGs);
-    ptx::mbar_init_ring(full, empty, Tile::kStages, Tile::kConsumerWGs);
-    for (int i = 0; i < 2 * Tile::kConsumerWGs; ++i) ptx::mbar_init(dq_full + i, 4);  // one arrival per warp
-    ptx::fence_barrier_init();
-  }
-};
-
-// dQ_accum's 64 × 64 block that consumer warpgroup g adds at query tile m of (batch, head): the
-// 64-row block of the tile and head-dim chunk g (d128), or the tile's 64-row block g (d64).
-template <class Tile>
-__device__ __forceinline__ float* dq_block(const BwdArgs& a, int batch, int head, int m, int g) {
-  constexpr bool kSplitQueries = Tile::kChunks == 1;
-  const int row64 = m * (Tile::kBlockM / 64) + (kSplitQueries ? g : 0);
-  return a.dq_accum + ((static_cast<long long>(batch) * a.heads + head) * (a.m_pad / 64) + row64) * Tile::kChunks * 4096 +
-         (kSplitQueries ? 0 : g * 4096);
-}
-
-// The dQ writer (warp 1 of the producer warpgroup; lane 0 issues): takes the consumer warpgroups'
-// staged dQ blocks in step order (both warpgroups' buffer it & 1 at step it, as DqJob says) and
-// adds each to dQ_accum by one bulk reduction. A buffer goes back to its warpgroup once its
-// reduction has read it, checked one step later so the reductions run while the next step
-// computes: an arrival on the warpgroup's named barrier kDqFreeBar + g, which the warpgroup syncs
-// on before it writes a buffer for the third time or more (each of the writer's arrivals, for
-// steps 0 .. S − 2, meets one of the warpgroup's syncs, at steps 2 .. S, S the end marker's; a
-// named barrier rather than an mbarrier wait, whose spin loop in the consumer made ptxas spill in
-// the softcap instance). With kBwdDeterministic each reduction first waits for its turn, and a work
-// tile's last turns are completed and passed on before the next tile's first wait (dq_turns.cuh).
-// The consumers only stage and arrive; the waits and the issue stay off their path (and the writer
-// walks no tiles itself: a second tile loop in the kernel made ptxas spill 40–200 bytes in the
-// consumers). A job with batch −1 ends the loop.
-constexpr int kDqFreeBar = 1;  // named barriers 1, 2: 128 consumer threads + the writer's warp
-template <class Tile, bool kCausal>
-__device__ __forceinline__ void bwd_write_dq(const BwdArgs& a, Smem<Tile>& sm, int lane) {
-  const bool deterministic = a.flags & kBwdDeterministic;
-  DqTurns<2> turns;
-  turns.reset();
-  for (int it = 0;; ++it) {
-    float* blocks[2];
-    DqJob job;
-    int turn = 0;
-#pragma unroll
-    for (int g = 0; g < 2; ++g) {
-      const int buf = 2 * g + (it & 1);
-      ptx::mbar_wait(sm.dq_full + buf, (it >> 1) & 1);
-      job = sm.dq_job[buf];
-      if (job.batch < 0) {  // both warpgroups are done
-        if (lane == 0) {
-          ptx::bulk_wait_all();  // the staged blocks must outlive the reductions that read them
-          if (deterministic) turns.flush();
-        }
-        return;
-      }
-      blocks[g] = dq_block<Tile>(a, job.batch, job.head, job.m, g);
-      if (lane == 0) {
-        if (deterministic) {
-          turn = dq_turn<Tile, kCausal>(a, seq_rows<true>(a, job.batch), job.n_block & (DqJob::kLastStep - 1), job.m);
-          turns.wait(a, blocks[g], turn);
-        }
-        ptx::bulk_reduce_add_f32(blocks[g], sm.dq_stage + buf * 4096, Tile::kDqStageBytes);
-        ptx::tma_store_commit();
-      }
-    }
-    if (lane == 0) {
-      if (deterministic) turns.added(a, blocks, turn);  // bulk_wait<2>: the previous step's groups complete
-      else ptx::bulk_wait_read<2>();                     // the previous step's groups have read their buffers
-      if (deterministic && (job.n_block & DqJob::kLastStep)) turns.flush();
-    }
-    __syncwarp();
-    if (it > 0) {
-      ptx::named_bar_arrive(kDqFreeBar, 160);
-      ptx::named_bar_arrive(kDqFreeBar + 1, 160);
-    }
-  }
-}
 
 template <int kHeadDim, bool kF16, bool kCausal, bool kSoftcap>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdArgs a) {

@@ -28,15 +28,18 @@
 //     thread (the d64/d128 kernel; the d256 kernel masks with inline code of bwd/kernel_wide.cuh,
 //     not checked here);
 //   - Options::deterministic: the key tiles seeing a query tile take their dQ turns (dq_turn) in
-//     the order the work tiles are taken (bwd_tile_key), 0, 1, 2, … without gaps.
+//     the order the work tiles are taken (bwd_tile_key), 0, 1, 2, … without gaps; and a replay of
+//     the turn protocol (bwd/dq_turns.cuh) on grids of 1, 7 and 132 resident CTAs finishes.
 // Tiles: the forward's (d64 with 192 rows, d128, d192, d256) and the backward's (d64, d128, d256).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -373,6 +376,89 @@ TEST(SchedKeyTiles, BackwardRangesAndMasks) {
     checked += 3;
   }
   std::printf("backward query tiles: %d cases (128x128, 64x128, 64x64 steps)\n", checked);
+}
+
+// Options::deterministic, replayed: the backward's work tiles run on a grid of `slots` resident CTAs
+// (a CTA takes the next tile in blockIdx order when one finishes; with the persistent grid every
+// CTA walks its own tiles), each step waiting until its query tile's counter shows its turn
+// (dq_turn), and — as bwd/dq_turns.cuh does — advancing the counters of a step only once the next
+// step's turn came (or the tile ended). The replay must finish: a tile that holds a query tile while
+// it waits for another is how such an order deadlocks (P-172).
+template <class Tile, bool kCausal>
+bool replay_deterministic(int nq, int nk, int window_left, int window_right, int heads_kv, int batch, int group,
+                          bool persistent, int slots) {
+  sm90::BwdArgs a{};
+  a.seqlen_q = nq, a.seqlen_k = nk, a.window_left = window_left, a.window_right = window_right;
+  a.m_blocks = ceil_div(nq, Tile::kBlockM), a.n_blocks = ceil_div(nk, Tile::kBlockN);
+  a.heads_kv = heads_kv, a.batch = batch, a.group = group, a.heads = heads_kv * group;
+  a.flags = sm90::kBwdDeterministic;
+  const int tiles = a.n_blocks * heads_kv * batch;
+  a.grid = persistent ? std::min(tiles, slots) : tiles;
+  const sm90::SeqRows s{0, 0, nq, nk, 0};
+  struct Cta {
+    long long idx;  // current work tile
+    int st = 0, held = -1;
+  };
+  std::vector<Cta> ctas;
+  long long next_idx = 0;  // one CTA per tile: the next blockIdx to start
+  auto start = [&](long long idx) { ctas.push_back(Cta{idx}); };
+  if (persistent)
+    for (int c = 0; c < a.grid; ++c) start(c);
+  else
+    while (next_idx < std::min<long long>(tiles, slots)) start(next_idx++);
+  std::vector<int> counter(size_t(batch) * a.heads * a.m_blocks, 0);
+  long long done = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t c = 0; c < ctas.size(); ++c) {
+      Cta& x = ctas[c];
+      if (x.idx < 0) continue;
+      const int n = sm90::bwd::bwd_tile_key<kCausal>(a, int(x.idx)), head_kv = int(x.idx / a.n_blocks) % heads_kv,
+                b = int(x.idx / (a.n_blocks * heads_kv));
+      int m_begin = 0, m_end = 0;
+      sm90::bwd::query_range<Tile, kCausal, true>(a, s, n, m_begin, m_end);
+      const int count = std::max(0, m_end - m_begin), steps = count * group;
+      if (x.st < steps) {
+        const int head = head_kv * group + x.st / count, m = m_begin + x.st % count;
+        const int key = (b * a.heads + head) * a.m_blocks + m;
+        if (counter[key] != sm90::bwd::dq_turn<Tile, kCausal>(a, s, n, m)) continue;  // waits
+        if (x.held >= 0) ++counter[x.held];
+        x.held = key;
+        ++x.st;
+        progress = true;
+      }
+      if (x.st == steps) {  // the tile's end: its last turns advance, the CTA takes its next tile
+        if (x.held >= 0) ++counter[x.held];
+        x.held = -1, x.st = 0, ++done, progress = true;
+        if (persistent) x.idx = x.idx + a.grid < tiles ? x.idx + a.grid : -1;
+        else x.idx = next_idx < tiles ? next_idx++ : -1;
+      }
+    }
+  }
+  if (done != tiles)
+    ADD_FAILURE() << "deterministic replay, Nq=" << nq << " Nk=" << nk << " window=(" << window_left << ","
+                  << window_right << ") " << Tile::kBlockM << "x" << Tile::kBlockN << (kCausal ? " causal" : "")
+                  << " heads_kv " << heads_kv << " batch " << batch << " group " << group
+                  << (persistent ? " persistent" : "") << " grid " << a.grid << ": " << tiles - done
+                  << " work tiles never finish (a cycle of waits)";
+  return done == tiles;
+}
+
+TEST(SchedKeyTiles, BackwardDeterministicReplayFinishes) {
+  int replays = 0;
+  for (int slots : {1, 7, 132})
+    for (const auto& [nq, nk] : std::vector<std::pair<int, int>>{{2048, 2048}, {333, 517}, {1, 300}, {1000, 129}, {4096, 1024}})
+      for (const auto& [hkv, batch, group] : std::vector<std::tuple<int, int, int>>{{1, 1, 1}, {8, 4, 1}, {2, 3, 4}}) {
+        // As dispatch_bwd.cu runs them: persistent at d64/d128 without causal, a CTA per tile else.
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<64>, false>(nq, nk, -1, -1, hkv, batch, group, true, slots)));
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<128>, false>(nq, nk, -1, -1, hkv, batch, group, true, slots)));
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<256>, false>(nq, nk, -1, -1, hkv, batch, group, false, slots)));
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<64>, true>(nq, nk, -1, 0, hkv, batch, group, false, slots)));
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<128>, true>(nq, nk, 100, 0, hkv, batch, group, false, slots)));
+        ASSERT_TRUE((replay_deterministic<sm90::BwdTile<256>, true>(nq, nk, -1, 0, hkv, batch, group, false, slots)));
+        replays += 6;
+      }
+  std::printf("deterministic backward replays: %d, every one finished\n", replays);
 }
 
 TEST(SchedKeyTiles, BackwardVarlenRanges) {

@@ -49,12 +49,11 @@ constexpr bool split_fits(int threads, int producer_regs, int consumer_regs) {
   return 128 * producer_regs + (threads - 128) * consumer_regs <= 65536 / threads / 8 * 8 * threads;
 }
 
-template <int kHeadDim, int kBlockM_ = 128, int kBlockN_ = fwd_default_block_n(kHeadDim)>
+template <int kHeadDim, int kBlockM_ = 128>
 struct FwdTile {
   static constexpr int kBlockM = kBlockM_;  // 64 rows per consumer WG
   static_assert(kBlockM == 128 || (kBlockM == 192 && kHeadDim == 64), "query tile 128, or 192 at d64");
-  static constexpr int kBlockN = kBlockN_;
-  static_assert(kBlockN == fwd_default_block_n(kHeadDim), "key tile 128 (d64, d128), 112 (d192), 80 (d256)");
+  static constexpr int kBlockN = fwd_default_block_n(kHeadDim);  // 128 (d64, d128), 112 (d192), 80 (d256)
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;     // depth of the K/V smem ring
   static constexpr int kChunks = kHeadDim / 64;              // 128-byte column chunks per row
   static constexpr int kConsumerWGs = kBlockM / 64;

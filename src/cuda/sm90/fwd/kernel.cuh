@@ -16,10 +16,10 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal, bool kVarlen, bool kSoftcap>
-__global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads, 1)
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal, bool kVarlen, bool kSoftcap>
+__global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM>::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdArgs a) {
-  using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
+  using Tile = FwdTile<kHeadDim, kBlockM>;
   extern __shared__ uint8_t smem_raw[];
   Smem<Tile> sm = Smem<Tile>::carve(smem_raw);
   using Sched = TileScheduler<kCausal>;
@@ -173,10 +173,12 @@ __global__ void __launch_bounds__(FwdTile<kHeadDim, kBlockM, kBlockN>::kThreads,
   }
 }
 
-// Host side: launches fwd_kernel for one (head_dim, query tile, key tile, dtype, causal); args encoded.
-template <int kHeadDim, int kBlockM, int kBlockN, bool kF16, bool kCausal>
+// Host side: launches fwd_kernel for one (head_dim, query tile, dtype, causal; the key tile follows
+// from the head dim, fwd_default_block_n); args encoded.
+template <int kHeadDim, int kBlockM, bool kF16, bool kCausal>
 cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
-  using Tile = FwdTile<kHeadDim, kBlockM, kBlockN>;
+  using Tile = FwdTile<kHeadDim, kBlockM>;
+  constexpr int kBlockN = Tile::kBlockN;
   // Varlen and softcap are the kernel's own instances: varlen's per-sequence rows and clipped
   // stores would cost the kernel without them 1–3 % at d64 causal; the softcap's code in the main
   // loop, skipped by a uniform branch, 1–2 % at d64 non-causal and a third of the d128 loop body's
@@ -185,10 +187,10 @@ cudaError_t launch_fwd_tile(const FwdArgs& args, cudaStream_t stream) {
   constexpr bool kSoftcapTile = kBlockM != 192;
   const bool varlen = args.cu_seqlens_q != nullptr, softcap = args.softcap_scale > 0.f;
   if (softcap && !kSoftcapTile) return cudaErrorInvalidValue;
-  auto kernel = varlen ? (softcap ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true, kSoftcapTile>
-                                  : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, true, false>)
-                       : (softcap ? fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false, kSoftcapTile>
-                                  : fwd_kernel<kHeadDim, kBlockM, kBlockN, kF16, kCausal, false, false>);
+  auto kernel = varlen ? (softcap ? fwd_kernel<kHeadDim, kBlockM, kF16, kCausal, true, kSoftcapTile>
+                                  : fwd_kernel<kHeadDim, kBlockM, kF16, kCausal, true, false>)
+                       : (softcap ? fwd_kernel<kHeadDim, kBlockM, kF16, kCausal, false, kSoftcapTile>
+                                  : fwd_kernel<kHeadDim, kBlockM, kF16, kCausal, false, false>);
   constexpr int smem = Smem<Tile>::kBytes;
   static std::atomic<uint64_t> smem_set[4];  // devices each kernel's attribute is set on (static: zeroed)
   cudaError_t e = ensure_dynamic_smem(kernel, smem, smem_set[2 * varlen + softcap]);
@@ -223,9 +225,9 @@ template <int kHeadDim, bool kF16, bool kCausal>
 cudaError_t launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   constexpr int kBlockN = FwdTile<kHeadDim>::kBlockN;
   if constexpr (kHeadDim == 64)
-    if (a.block_m == 192 && a.block_n == kBlockN) return launch_fwd_tile<kHeadDim, 192, kBlockN, kF16, kCausal>(a, stream);
+    if (a.block_m == 192 && a.block_n == kBlockN) return launch_fwd_tile<kHeadDim, 192, kF16, kCausal>(a, stream);
   if (a.block_m != 128 || a.block_n != kBlockN) return cudaErrorInvalidValue;
-  return launch_fwd_tile<kHeadDim, 128, kBlockN, kF16, kCausal>(a, stream);
+  return launch_fwd_tile<kHeadDim, 128, kF16, kCausal>(a, stream);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,10 +1,11 @@
 // Options::deterministic on the Hopper backward: the bulk reductions into one dQ block taken in the
-// fixed order of query_tiles.hpp dq_turn. Thread 0 of a consumer warpgroup, which issues the
-// warpgroup's reductions, waits before each one until the block's counter (BwdArgs::dq_turn) shows
-// its turn, and advances the counter once that reduction has completed: deferred to the next
-// reduction's issue (bulk_wait<kBlocks>: the earlier groups are then usually long done), or to the
-// end of the work tile. The state lives in shared memory, one per consumer warpgroup: held in
-// registers across the steps, it made the d64/d128 consumers spill 40–260 bytes.
+// fixed order of query_tiles.hpp dq_turn. The thread that issues the reductions (the dQ writer's
+// lane 0 in the d64/d128 kernel, bwd/dq_writer.cuh; thread 0 of each consumer warpgroup in the d256
+// kernel) waits before each one until the block's counter (BwdArgs::dq_turn) shows its turn, and
+// advances the counter once that reduction has completed: deferred to the next step's issue
+// (bulk_wait<kBlocks>: the earlier groups are then usually long done), or to the end of the work
+// tile. The d256 kernel keeps the state in shared memory, one per consumer warpgroup (held in the
+// consumers' registers across the steps, it made them spill); the dQ writer in its registers.
 #pragma once
 
 #include "cuda/sm90/args.hpp"

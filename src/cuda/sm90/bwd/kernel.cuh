@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1) bwd_kernel(con
 
     store_dk_dv<kF16, kHeadDim == 128>(a, seq_rows<true>(a, batch), head_kv, 0, key_row0, acc_dk, acc_dv, t);
   }  // tiles
-  // No more steps: a null block in the next buffer ends the dQ writer's loop.
+  // No more steps: a job with batch −1 in the next buffer ends the dQ writer's loop.
   const int buf = 2 * g + (it & 1);
   if (it >= 2) ptx::named_bar_sync(kDqFreeBar + g, 160);
   if (t == 0) sm.dq_job[buf] = DqJob{0, 0, -1, 0};

@@ -401,7 +401,9 @@ volatile uint64_t flush_sink = 0;  // keeps the CPU read pass
 // Median ms of `reps` calls (after the caller's warm-up), each after a pass over `flush` (read, or
 // written with `write_flush`), so that every call finds the caches cold, as a decoding step does once
 // the other layers' weights and caches have passed through. A read pass leaves clean lines; a write
-// pass leaves the cache full of dirty ones, whose write-backs then overlap the timed call. CPU: wall
+// pass leaves the cache full of dirty ones, whose write-backs then overlap the timed call; an empty
+// `flush` (--flush none) leaves each call the lines of the one before (what the call costs with its
+// code and, where it fits, its cache in the L2). CPU: wall
 // time around the call; CUDA: events on the default stream around it, after a wait of queue_us
 // queued behind the flush, so that the host's work for the call overlaps that wait instead of
 // leaving the GPU idle between the events.
@@ -413,12 +415,13 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
     const size_t bytes = flush.bytes();
     for (int r = 0; r < reps; ++r) {
       uint64_t folded = 0;
-#pragma omp parallel reduction(^ : folded)
+#pragma omp parallel reduction(^ : folded) if (bytes > 0)  // none: one thread, no bytes
       {
         const size_t n = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num()), chunk = bytes / n;
         char* mine = f + t * chunk;
         const size_t len = t + 1 == n ? bytes - t * chunk : chunk;
-        if (write_flush) {
+        if (len == 0) {
+        } else if (write_flush) {
           std::memset(mine, r & 0xff, len);
         } else {
           for (size_t i = 0; i + 8 <= len; i += 64) {  // one word per 64-byte line
@@ -440,10 +443,12 @@ double time_calls(Device device, const std::function<void()>& call, int reps, Bu
     cuda_check(cudaEventCreate(&end), "cudaEventCreate");
     try {
       for (int r = 0; r < reps; ++r) {
-        if (write_flush)
+        if (flush.bytes() == 0) {
+        } else if (write_flush) {
           cuda_check(cudaMemsetAsync(flush.data(), r & 0xff, flush.bytes(), nullptr), "cudaMemsetAsync");
-        else
+        } else {
           cuda_read_flush(flush.data(), flush.bytes());
+        }
         if (queue_us > 0) cuda_queue_wait(queue_us);
         cuda_check(cudaEventRecord(begin, nullptr), "cudaEventRecord");
         call();
@@ -504,8 +509,8 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     bw.method = "a read-only kernel over " + human_bytes(double(bytes)) + " of device memory, best of 10";
 #endif
   }
-  Buffer flush(device, m.flush_bytes);
-  flush.fill_bytes(0);
+  Buffer flush(device, a.flush == "none" ? 0 : m.flush_bytes);
+  if (flush.bytes() > 0) flush.fill_bytes(0);
 
   const size_t e = element_size(d.dtype);
   const bool gpu = device == Device::cuda;
@@ -619,13 +624,17 @@ int run_decode(const DecodeArgs& a, std::ostream& os) {
     if (!unsupported.empty() && index < shapes.size())
       os << strprintf("%zu more shape%s not run: forward_kvcache is not supported on this device in this build.\n",
                       shapes.size() - index, shapes.size() - index == 1 ? "" : "s");
+    const std::string cold =
+        a.flush == "none"
+            ? std::string("with the caches as the call before left them (no flush)")
+            : strprintf("each after %s %s over %s, so that it starts with the caches cold",
+                        human_bytes(double(m.flush_bytes)).c_str(), a.flush == "write" ? "written" : "read",
+                        m.flush_what.c_str());
     os << strprintf("\nof read BW: KV bytes read per second over the read bandwidth above; KV bytes = "
-                    "2·B·cache·Hkv·d·%zu (%s). time: median of %d calls, each after %s %s over %s, so that "
-                    "it starts with the caches cold%s.\n",
-                    e, to_string(d.dtype), a.reps, human_bytes(double(m.flush_bytes)).c_str(),
-                    a.flush == "write" ? "written" : "read", m.flush_what.c_str(),
+                    "2·B·cache·Hkv·d·%zu (%s). time: median of %d calls, %s%s.\n",
+                    e, to_string(d.dtype), a.reps, cold.c_str(),
                     gpu && a.queue_us > 0
-                        ? strprintf(", and after a %.0f µs GPU wait queued behind that, so that the host's launch "
+                        ? strprintf(", and after a %.0f µs GPU wait queued before each, so that the host's launch "
                                     "work overlaps it and the events time the GPU",
                                     a.queue_us).c_str()
                         : "");

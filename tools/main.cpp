@@ -120,9 +120,10 @@ int main(int argc, char** argv) {
   c_decode->add_option("--flush", decode.flush,
                        "how each timed call finds the caches cold: read (twice the last-level cache / L2 of another "
                        "buffer read, which leaves clean lines, as a model's other layers mostly do) or write (the same "
-                       "bytes written: the dirty lines' write-backs then overlap the call)")
+                       "bytes written: the dirty lines' write-backs then overlap the call) or none (each call finds the lines of "
+                       "the one before: its code and, where it fits, its cache warm)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"read", "write"}));
+      ->check(CLI::IsMember({"read", "write", "none"}));
   c_decode->add_option("--queue-ahead", decode.queue_us,
                        "CUDA: µs of GPU wait queued after the flush and before each timed call, so that the host's "
                        "launch work for the call overlaps it and the events time the GPU alone (0 = none)")

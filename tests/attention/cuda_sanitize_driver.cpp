@@ -109,11 +109,13 @@ int run(DType t, int d, bool causal, Algorithm algo, bool varlen, bool determini
   return ok ? 0 : 1;
 }
 // forward_kvcache: decode (Sq 1, GQA 4) or prefill (Sq 40), contiguous or paged (page 7, pages in
-// reverse order), with new tokens and rotary tables, `splits` key splits (> 1: the combine kernel);
-// check_on_device: the lengths and pages checked by the validation kernel.
-int run_kvcache(DType t, int d, int64_t Sq, int64_t page, int splits, bool causal, bool check_on_device = false) {
+// reverse order), with new tokens and rotary tables, `splits` key splits (> 1: the combine kernel)
+// over a cache of `cap` tokens; check_on_device: the lengths and pages checked by the validation
+// kernel.
+int run_kvcache(DType t, int d, int64_t Sq, int64_t page, int splits, bool causal, bool check_on_device = false,
+                int64_t cap = 300) {
   std::mt19937 rng(d * 13 + int(Sq) + int(page));
-  const int64_t B = 2, H = 8, Hkv = 2, S_new = Sq, cap = 300, rd = d / 2;
+  const int64_t B = 2, H = 8, Hkv = 2, S_new = Sq, rd = d / 2;
   const int64_t max_pages = page > 0 ? (cap + page - 1) / page : 0, pages = B * max_pages;
   const size_t e = 2;
   Buf q(B * Sq * H * d * e), o(B * Sq * H * d * e), lse(B * H * Sq * 4), kn(B * S_new * Hkv * d * e),
@@ -195,6 +197,7 @@ int main(int argc, char** argv) {
   for (int d : {64, 128, 256}) fails += run_kvcache(DType::bf16, d, 1, d == 128 ? 7 : 0, d == 64 ? 1 : 3, false);
   fails += run_kvcache(DType::f16, 128, 40, 16, 2, true);
   fails += run_kvcache(DType::bf16, 64, 3, 0, 0, true, true);
+  fails += run_kvcache(DType::bf16, 128, 1, 0, 20, false, false, 1300);  // the combine's groups of eight splits
   std::printf("sanitize driver: %d failures\n", fails);
   return fails ? 1 : 0;
 }

@@ -139,8 +139,9 @@ __device__ __forceinline__ bool entry_invalid(const KvArgs& a, int b, int64_t i)
   const int64_t slot = paged ? a.block_table[int64_t(b) * a.bt_stride + i] : a.batch_idx != nullptr ? a.batch_idx[b] : b;
   const int64_t total = len + a.seqlen_new;
   bool bad = len < 0 || total > a.capacity;
-  if (paged ? i < (total + a.page_size - 1) / a.page_size : i == 0)  // an entry the sequence uses
-    bad |= slot < 0 || slot >= a.slots;
+  // An entry the sequence uses: block-table entry i holds tokens [i·page_size, +page_size), so it
+  // is used when i·page_size < total (a product in place of a 64-bit division).
+  if (paged ? i * a.page_size < total : i == 0) bad |= slot < 0 || slot >= a.slots;
   if (i == 0 && a.rotary_dim > 0) {
     int64_t last = len + (a.rot_by_token ? a.seqlen_q - 1 : 0);
     if (a.seqlen_new > 0 && total - 1 > last) last = total - 1;
@@ -210,8 +211,14 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   int key_lo, key_hi;
   mask.key_range(i_first, i_last + 1, &key_lo, &key_hi);
   const int t_lo = key_lo / kBN, t_hi = key_hi > key_lo ? (key_hi + kBN - 1) / kBN : t_lo;
-  const int n_begin = t_lo + int(int64_t(t_hi - t_lo) * split / a.splits);
-  const int n_end = t_lo + int(int64_t(t_hi - t_lo) * (split + 1) / a.splits);
+  // Split s takes tiles [t_lo + count·s / splits, t_lo + count·(s + 1) / splits): in 32 bits
+  // while count·splits fits them (a 64-bit division is a subroutine call).
+  const unsigned count = unsigned(t_hi - t_lo);
+  auto split_start = [&](int s) {
+    return t_lo + int(count < (1u << 24) ? count * unsigned(s) / unsigned(a.splits)
+                                         : unsigned(uint64_t(count) * unsigned(s) / unsigned(a.splits)));
+  };
+  const int n_begin = split_start(split), n_end = split_start(split + 1);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -219,7 +226,9 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
   const int band0 = wm * 16, key0 = wn * kKW;
 
   // Q rows, rotated and stored in the working precision; rows past `rows` and columns past
-  // head_dim are zero. Without rotary and with 16-byte aligned rows, 16 bytes per load.
+  // head_dim are zero. Without rotary and with 16-byte aligned rows, by 16-byte cp.async copies
+  // that join the ring's first commit group: Q's memory latency overlaps the first key tile's
+  // instead of preceding it.
   {
     const T* gq = static_cast<const T*>(a.q);
     auto q_row = [&](int r) {
@@ -230,9 +239,8 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
       constexpr int kQChunks = kHeadDim / 8;
       for (int e = tid; e < kBM * kQChunks; e += C::kThreads) {
         const int row = e / kQChunks, c = e % kQChunks * 8, r = r0 + row;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < a.rows && c < a.head_dim) v = *reinterpret_cast<const uint4*>(q_row(r) + c);
-        *reinterpret_cast<uint4*>(sQ + QTile::offset(row, c)) = v;
+        const bool ok = r < a.rows && c < a.head_dim;
+        ptx::cp_async_16(sQ + QTile::offset(row, c), ok ? q_row(r) + c : gq, ok);
       }
     } else {
       for (int e = tid; e < kBM * kHeadDim; e += C::kThreads) {
@@ -352,18 +360,6 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     fill_window(n_begin * kBN / a.page_size);
     __syncthreads();
   }
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (n_begin + s < n_end) {
-      if (past_window(n_begin + s)) {  // only with more pages per tile than kTablePages / kStages
-        __syncthreads();
-        fill_window((n_begin + s) * kBN / a.page_size);
-        __syncthreads();
-      }
-      load_tile(n_begin + s, s);
-    }
-    ptx::cp_async_commit();
-  }
 
   // This thread's two rows (g and g + 8 of the warp's band): query token and validity.
   int row_i[2];
@@ -382,31 +378,42 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     for (int e = 0; e < 4; ++e) acc_o[dt][e] = 0.f;
   RowState st[2];
 
-  // The warp's Q fragments: in registers for head dims up to 128 (32 registers), else read from
-  // shared memory per tile.
+  // The warp's Q fragments: in registers for head dims up to 128 (32 registers), loaded at the
+  // first tile; else read from shared memory per tile.
   constexpr int kQFrags = C::kQInRegisters ? kHeadDim / 16 : 1;
   uint32_t qf[kQFrags][4];
-  if constexpr (C::kQInRegisters) {
-    __syncthreads();  // sQ is written
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) ptx::ldmatrix_x4(qf[kk], a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
-  }
 
-  int read_stage = 0, write_stage = kStages - 1;  // the ring stages of tiles nb and nb + kStages - 1
-  for (int nb = n_begin; nb < n_end; ++nb) {
-    ptx::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile nb has landed for every thread; the stage of tile nb - 1 is free
-    if (nb + kStages - 1 < n_end) {
-      if (past_window(nb + kStages - 1)) {  // no thread reads s_pages between the barriers
-        fill_window((nb + kStages - 1) * kBN / a.page_size);
+  // One loop fills the ring and runs it: step nb loads tile nb + kStages - 1 and, from n_begin on,
+  // attends to tile nb, so the loader's code exists once (a decode call with few tiles per CTA
+  // spends much of its time fetching instructions it has not run before).
+  int read_stage = 0, write_stage = 0;  // the ring stages of tiles nb and nb + kStages - 1
+  for (int nb = n_begin - (kStages - 1); nb < n_end; ++nb) {
+    const bool attend = nb >= n_begin;
+    if (attend) {
+      ptx::cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile nb (and at the first, Q) has landed for every thread; the stage of tile nb - 1 is free
+    }
+    const int nl = nb + kStages - 1;
+    if (nl < n_end) {
+      if (past_window(nl)) {  // no thread reads s_pages between the barriers
+        if (!attend) __syncthreads();  // (only with more pages per tile than kTablePages / kStages)
+        fill_window(nl * kBN / a.page_size);
         __syncthreads();
       }
-      load_tile(nb + kStages - 1, write_stage);
+      load_tile(nl, write_stage);
     }
     ptx::cp_async_commit();
+    write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+    if (!attend) continue;
+    if constexpr (C::kQInRegisters) {
+      if (nb == n_begin) {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk)
+          ptx::ldmatrix_x4(qf[kk], a_frag_addr<QTile>(sQ, band0, kk * 16, lane));
+      }
+    }
     const uint32_t cK = sK_addr + read_stage * kStageBytes, cV = cK + kVOffset;
     read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
 
     // S = Q Kᵀ over this warp's keys                                   // (16, kKeysPerWarp)
     float acc_s[kNT][4];
@@ -429,13 +436,17 @@ __global__ void __launch_bounds__(KvConfig<kHeadDim, kWarpsM>::kThreads)
     }
 
     // log2-unit scores, then the mask where the tile is not wholly visible to the block's rows.
+    if (a.cap_in != 0.f) {  // one branch per tile, not per score
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = acc_s[nt][e];
-        acc_s[nt][e] = a.cap_in != 0.f ? tanhf(x * a.cap_in) * a.score_scale : x * a.score_scale;
-      }
+        for (int e = 0; e < 4; ++e) acc_s[nt][e] = tanhf(acc_s[nt][e] * a.cap_in) * a.score_scale;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[nt][e] *= a.score_scale;
+    }
     const int n0 = nb * kBN;
     if (!mask.tile_all_visible(i_first, i_last - i_first + 1, n0, kBN)) {
 #pragma unroll
